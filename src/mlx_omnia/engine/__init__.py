@@ -1,0 +1,45 @@
+"""The engine's public API: `load` is the only door."""
+
+from mlx_omnia.engine.errors import (
+    ChatTemplateError,
+    CheckpointError,
+    ContextLengthError,
+    DownloadError,
+    InvalidOptionsError,
+    ModelNotFoundError,
+    OmniaError,
+    TokenizerError,
+    UnsupportedModelError,
+)
+from mlx_omnia.engine.loading import load
+from mlx_omnia.engine.model import Model
+from mlx_omnia.engine.types import (
+    Chat,
+    ChatMessage,
+    Completion,
+    GenerationOptions,
+    Piece,
+    Signature,
+    Usage,
+)
+
+__all__ = [
+    "Chat",
+    "ChatMessage",
+    "ChatTemplateError",
+    "CheckpointError",
+    "Completion",
+    "ContextLengthError",
+    "DownloadError",
+    "GenerationOptions",
+    "InvalidOptionsError",
+    "Model",
+    "ModelNotFoundError",
+    "OmniaError",
+    "Piece",
+    "Signature",
+    "TokenizerError",
+    "UnsupportedModelError",
+    "Usage",
+    "load",
+]

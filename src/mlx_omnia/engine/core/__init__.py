@@ -1,0 +1,1 @@
+"""Code shared byte-for-byte by families, and the layer declarations they bind (design rule 4)."""

@@ -1,0 +1,77 @@
+"""Binding layer declarations to implementations (design rule 4).
+
+A declaration states *what* arithmetic runs (a matmul with these weight formats, an RMS norm with
+this epsilon, ...). After loading, when weight formats are final, `bind_layers` gives each
+declaration the first implementation whose `applies` predicate accepts every declared property,
+else the core MLX implementation, which always applies and is the numerical reference.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import mlx.nn as nn
+
+D = TypeVar("D", bound="Declaration")
+
+FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
+
+
+@dataclass(frozen=True)
+class Implementation(Generic[D]):
+    """One way to compute a declaration. `applies` must accept only what it computes exactly."""
+
+    name: str
+    applies: Callable[[D], bool]
+    build: Callable[[D], Callable[..., Any]]
+
+
+class Declaration(nn.Module):
+    """Base of every layer declaration: an nn.Module whose forward is bound after loading."""
+
+    # Specialized implementations, most specific first; the core one is not listed here.
+    implementations: tuple[Implementation[Any], ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.binding = "core"
+
+    def reference(self) -> Callable[..., Any]:
+        """The core MLX implementation of this declaration."""
+        raise NotImplementedError
+
+    def bind(self, *, force_reference: bool = False) -> str:
+        chosen: Callable[..., Any] | None = None
+        name = "core"
+        if not force_reference:
+            for impl in self.implementations:
+                if impl.applies(self):
+                    chosen, name = impl.build(self), impl.name
+                    break
+        self._bound = chosen if chosen is not None else self.reference()
+        self.binding = name
+        return name
+
+
+def _declarations(model: nn.Module) -> Iterator[tuple[str, Declaration]]:
+    for path, module in model.named_modules():
+        if isinstance(module, Declaration):
+            yield path, module
+
+
+def bind_layers(model: nn.Module, *, force_reference: bool | None = None) -> dict[str, str]:
+    """Bind every declaration in `model`; returns {module path: implementation name}.
+
+    `force_reference` (or OMNIA_REFERENCE_KERNELS=1) binds the core implementations everywhere,
+    for A/B runs against the reference."""
+    if force_reference is None:
+        force_reference = os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
+    return {path: decl.bind(force_reference=force_reference) for path, decl in _declarations(model)}
+
+
+def bindings(model: nn.Module) -> dict[str, str]:
+    """The implementation bound to each declaration, by module path."""
+    return {path: decl.binding for path, decl in _declarations(model)}

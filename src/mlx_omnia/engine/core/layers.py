@@ -1,0 +1,242 @@
+"""Layer declarations shared by families: the arithmetic, not the structure (design rule 4).
+
+Parameter names follow checkpoints (`weight`, `bias`, and MLX's `scales`/`biases` when quantized),
+so a family's module tree is the checkpoint's tensor tree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import mlx.core as mx
+
+from mlx_omnia.engine.core.binding import Declaration
+from mlx_omnia.engine.core.cache import KVCache
+
+QuantMode = Literal["affine"]
+
+
+class Linear(Declaration):
+    """Qmv: y = x @ W.T (+ b), W dense or affine-quantized along the input dimension."""
+
+    def __init__(self, input_dims: int, output_dims: int, bias: bool = False) -> None:
+        super().__init__()
+        self.input_dims = input_dims
+        self.output_dims = output_dims
+        self.weight = mx.zeros((output_dims, input_dims))
+        if bias:
+            self.bias = mx.zeros((output_dims,))
+        self.bits: int | None = None
+        self.group_size: int | None = None
+        self._bound: Callable[[mx.array], mx.array] = self.reference()
+
+    @property
+    def has_bias(self) -> bool:
+        return "bias" in self
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+    def to_quantized(self, *, bits: int, group_size: int) -> None:
+        """Declare affine quantization (placeholders; weights come from a checkpoint or `quantize`)."""
+        packed = self.input_dims * bits // 32
+        groups = self.input_dims // group_size
+        self.weight = mx.zeros((self.output_dims, packed), dtype=mx.uint32)
+        self.scales = mx.zeros((self.output_dims, groups))
+        self.biases = mx.zeros((self.output_dims, groups))
+        self.bits, self.group_size = bits, group_size
+
+    def quantize_weights(self, *, bits: int, group_size: int) -> None:
+        """Round-to-nearest affine quantization of the loaded dense weight."""
+        w, scales, biases = mx.quantize(self.weight, group_size=group_size, bits=bits)
+        self.weight, self.scales, self.biases = w, scales, biases
+        self.bits, self.group_size = bits, group_size
+
+    def dequantize_weights(self, dtype: mx.Dtype = mx.float32) -> None:
+        """Expand quantized weights to dense `dtype` (the CPU's fast path)."""
+        if not self.quantized:
+            self.weight = self.weight.astype(dtype)
+            return
+        self.weight = mx.dequantize(
+            self.weight, self.scales, self.biases, group_size=self.group_size, bits=self.bits
+        ).astype(dtype)
+        del self["scales"], self["biases"]
+        self.bits = self.group_size = None
+
+    def reference(self) -> Callable[[mx.array], mx.array]:
+        if self.quantized:
+            bits, group_size = self.bits, self.group_size
+
+            def qmm(x: mx.array) -> mx.array:
+                y = mx.quantized_matmul(
+                    x, self["weight"], self["scales"], self["biases"],
+                    transpose=True, group_size=group_size, bits=bits,
+                )
+                return y + self["bias"] if "bias" in self else y
+
+            return qmm
+
+        def mm(x: mx.array) -> mx.array:
+            if "bias" in self:
+                return mx.addmm(self["bias"], x, self["weight"].T)
+            return x @ self["weight"].T
+
+        return mm
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._bound(x)
+
+
+class Embedding(Declaration):
+    """Embed: rows of a (possibly quantized) table; `as_linear` is the tied LM head."""
+
+    def __init__(self, num_embeddings: int, dims: int) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.dims = dims
+        self.weight = mx.zeros((num_embeddings, dims))
+        self.bits: int | None = None
+        self.group_size: int | None = None
+        self._bound: Callable[[mx.array], mx.array] = self.reference()
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+    def to_quantized(self, *, bits: int, group_size: int) -> None:
+        self.weight = mx.zeros((self.num_embeddings, self.dims * bits // 32), dtype=mx.uint32)
+        self.scales = mx.zeros((self.num_embeddings, self.dims // group_size))
+        self.biases = mx.zeros((self.num_embeddings, self.dims // group_size))
+        self.bits, self.group_size = bits, group_size
+
+    def quantize_weights(self, *, bits: int, group_size: int) -> None:
+        w, scales, biases = mx.quantize(self.weight, group_size=group_size, bits=bits)
+        self.weight, self.scales, self.biases = w, scales, biases
+        self.bits, self.group_size = bits, group_size
+
+    def dequantize_weights(self, dtype: mx.Dtype = mx.float32) -> None:
+        if not self.quantized:
+            self.weight = self.weight.astype(dtype)
+            return
+        self.weight = mx.dequantize(
+            self.weight, self.scales, self.biases, group_size=self.group_size, bits=self.bits
+        ).astype(dtype)
+        del self["scales"], self["biases"]
+        self.bits = self.group_size = None
+
+    def reference(self) -> Callable[[mx.array], mx.array]:
+        if self.quantized:
+            bits, group_size = self.bits, self.group_size
+
+            def rows_q(ids: mx.array) -> mx.array:
+                return mx.dequantize(
+                    self["weight"][ids], self["scales"][ids], self["biases"][ids],
+                    group_size=group_size, bits=bits,
+                )
+
+            return rows_q
+        return lambda ids: self["weight"][ids]
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return self._bound(ids)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        """LmHead for tied embeddings: x @ E.T."""
+        if self.quantized:
+            return mx.quantized_matmul(
+                x, self["weight"], self["scales"], self["biases"],
+                transpose=True, group_size=self.group_size, bits=self.bits,
+            )
+        return x @ self["weight"].T
+
+
+class RmsNorm(Declaration):
+    """RMS normalization: x / rms(x) * weight."""
+
+    def __init__(self, dims: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        self.eps = eps
+        self._bound: Callable[[mx.array], mx.array] = self.reference()
+
+    def reference(self) -> Callable[[mx.array], mx.array]:
+        return lambda x: mx.fast.rms_norm(x, self["weight"], self.eps)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._bound(x)
+
+
+class Rope(Declaration):
+    """Rotary position embedding over the first `dims` features (rotate-half layout unless
+    `traditional`), with frequencies from `base` or an explicit `freqs` table (scaled kinds)."""
+
+    def __init__(
+        self,
+        dims: int,
+        *,
+        base: float,
+        scale: float = 1.0,
+        traditional: bool = False,
+        freqs: mx.array | None = None,
+        attention_factor: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.dims = dims
+        self.base = base
+        self.scale = scale
+        self.traditional = traditional
+        # Kept out of the parameter tree: derived from the config, never loaded.
+        self._freqs = freqs
+        self.attention_factor = attention_factor
+        self._bound: Callable[[mx.array, int], mx.array] = self.reference()
+
+    def reference(self) -> Callable[[mx.array, int], mx.array]:
+        freqs = self._freqs
+        factor = self.attention_factor
+
+        def rope(x: mx.array, offset: int) -> mx.array:
+            if factor != 1.0:
+                x = x * factor
+            return mx.fast.rope(
+                x, self.dims, traditional=self.traditional,
+                base=None if freqs is not None else self.base,
+                scale=self.scale, offset=offset, freqs=freqs,
+            )
+
+        return rope
+
+    def __call__(self, x: mx.array, offset: int) -> mx.array:
+        return self._bound(x, offset)
+
+
+class AttentionStep(Declaration):
+    """Append this step's keys/values to the cache, then causal scaled-dot-product attention.
+
+    q: [B, n_heads, L, D]; k, v: [B, n_kv_heads, L, D] (grouped-query when n_kv_heads < n_heads)."""
+
+    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None):
+        super().__init__()
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+        self._bound: Callable[[mx.array, mx.array, mx.array, KVCache | None], mx.array] = (
+            self.reference()
+        )
+
+    def reference(self) -> Callable[[mx.array, mx.array, mx.array, KVCache | None], mx.array]:
+        scale = self.scale
+
+        def attend(q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
+            if cache is not None:
+                k, v = cache.update_and_fetch(k, v)
+            mask: Any = "causal" if q.shape[2] > 1 else None
+            return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+        return attend
+
+    def __call__(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
+        return self._bound(q, k, v, cache)

@@ -1,0 +1,39 @@
+"""Typed errors a user can hit. Every message says what to do about it."""
+
+from __future__ import annotations
+
+
+class OmniaError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class ModelNotFoundError(OmniaError):
+    """The model reference names nothing that exists locally or on the hub."""
+
+
+class CheckpointError(OmniaError):
+    """A checkpoint's files are missing, corrupt, truncated or inconsistent."""
+
+
+class UnsupportedModelError(OmniaError):
+    """The checkpoint's model_type or a variant of it is not implemented."""
+
+
+class TokenizerError(OmniaError):
+    """The tokenizer or chat template cannot be built or used."""
+
+
+class ChatTemplateError(TokenizerError):
+    """The checkpoint has no chat template, or rendering it failed."""
+
+
+class ContextLengthError(OmniaError):
+    """The prompt (plus requested tokens) does not fit the model's context."""
+
+
+class InvalidOptionsError(OmniaError, ValueError):
+    """A generation option is out of range or unsupported by this model's signature."""
+
+
+class DownloadError(OmniaError):
+    """A hub download failed (network, interrupted transfer, missing revision)."""

@@ -1,0 +1,1 @@
+"""The model-agnostic generation loop: sampling, stop handling, token streaming."""

@@ -1,0 +1,150 @@
+"""`load`: the only door into the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlx_omnia.engine.core.binding import bind_layers
+from mlx_omnia.engine.core.layers import Embedding, Linear
+from mlx_omnia.engine.errors import CheckpointError, InvalidOptionsError
+from mlx_omnia.engine.loading.registry import family_for
+from mlx_omnia.engine.loading.resolve import Source, resolve
+from mlx_omnia.engine.loading.weights import (
+    cast_floats,
+    declare_quantization,
+    load_strict,
+    read_json,
+    read_safetensors,
+)
+from mlx_omnia.engine.model import GenerationDefaults, Model
+from mlx_omnia.engine.text.tokenizer import Tokenizer
+
+DTYPES: dict[str, mx.Dtype] = {
+    "float32": mx.float32,
+    "bfloat16": mx.bfloat16,
+    "float16": mx.float16,
+}
+
+QuantizeSpec = int | Mapping[str, int] | None
+
+
+def load(
+    model: str | Path | None = None,
+    *,
+    dtype: str | mx.Dtype | None = None,
+    quantize: QuantizeSpec = None,
+    revision: str | None = None,
+    local_files_only: bool = False,
+) -> Model:
+    """Load a model: a local HF checkpoint directory, a hub repo id, a .gguf file, or
+    "smollm2-135m-instruct"; None loads that embedded default model.
+
+    dtype: "float32", "bfloat16", "float16" or an mx.Dtype; None keeps the checkpoint's dtype on
+    a GPU and uses float32 on the CPU (where float32 matmuls are the fast ones).
+    quantize: round-to-nearest affine quantization at load, as bits (4 or 8) or
+    {"bits": 4, "group_size": 64}, for unquantized checkpoints."""
+    want = _dtype(dtype)
+    spec = _quantize_spec(quantize)
+    source = resolve(model, revision=revision, local_files_only=local_files_only)
+    if source.kind == "gguf":
+        from mlx_omnia.engine.loading.gguf import load_gguf
+
+        return load_gguf(source, dtype=want, quantize=spec)
+    return _load_directory(source, dtype=want, quantize=spec)
+
+
+def on_cpu() -> bool:
+    return mx.default_device() == mx.cpu
+
+
+def _dtype(dtype: str | mx.Dtype | None) -> mx.Dtype | None:
+    if dtype is None or isinstance(dtype, mx.Dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise InvalidOptionsError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _quantize_spec(quantize: QuantizeSpec) -> tuple[int, int] | None:
+    if quantize is None:
+        return None
+    if isinstance(quantize, int):
+        bits, group_size = quantize, 64
+    else:
+        bits, group_size = int(quantize.get("bits", 4)), int(quantize.get("group_size", 64))
+    if bits not in (2, 3, 4, 5, 6, 8) or group_size not in (32, 64, 128):
+        raise InvalidOptionsError(
+            f"quantize: bits must be 2-6 or 8 and group_size 32, 64 or 128 (got {bits}, {group_size})"
+        )
+    return bits, group_size
+
+
+def _checkpoint_dtype(config: Mapping[str, Any]) -> mx.Dtype:
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return DTYPES.get(str(name), mx.float32)
+
+
+def finish_network(
+    network: nn.Module, *, dtype: mx.Dtype, quantize: tuple[int, int] | None
+) -> None:
+    """After strict loading: cast, optionally quantize, bind declarations, materialize."""
+    cast_floats(network, dtype)
+    if quantize is not None:
+        bits, group_size = quantize
+        for _, module in network.named_modules():
+            if isinstance(module, Linear | Embedding) and not module.quantized:
+                dims = module.input_dims if isinstance(module, Linear) else module.dims
+                if dims % group_size == 0:
+                    module.quantize_weights(bits=bits, group_size=group_size)
+    bind_layers(network)
+    mx.eval(network.parameters())
+
+
+def eos_ids(*configs: Mapping[str, Any]) -> list[int]:
+    ids: list[int] = []
+    for config in configs:
+        value = config.get("eos_token_id")
+        if isinstance(value, int):
+            ids.append(value)
+        elif isinstance(value, list):
+            ids.extend(int(v) for v in cast(list[Any], value) if isinstance(v, int))
+    return ids
+
+
+def _load_directory(
+    source: Source, *, dtype: mx.Dtype | None, quantize: tuple[int, int] | None
+) -> Model:
+    path = source.path
+    config = read_json(path / "config.json")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise CheckpointError(f"{path / 'config.json'} has no model_type")
+    family = family_for(model_type)
+    network = family.build(config)
+    weights = family.sanitize(read_safetensors(path), config)
+    quantization = config.get("quantization") or config.get("quantization_config")
+    declare_quantization(
+        network, weights, cast(Mapping[str, Any], quantization) if isinstance(quantization, dict) else None
+    )
+    load_strict(network, weights)
+    if dtype is None:
+        dtype = mx.float32 if on_cpu() else _checkpoint_dtype(config)
+    finish_network(network, dtype=dtype, quantize=quantize)
+    generation: dict[str, Any] = {}
+    if (path / "generation_config.json").is_file():
+        generation = read_json(path / "generation_config.json")
+    tokenizer = Tokenizer.from_directory(path, eos_token_ids=eos_ids(generation, config))
+    return Model(
+        name=source.name,
+        network=network,
+        tokenizer=tokenizer,
+        config=config,
+        context_length=family.context_length(config),
+        defaults=GenerationDefaults.from_dict(generation),
+        source=str(path),
+    )

@@ -1,0 +1,228 @@
+"""`Model`: what `load` returns. Streams text for chats and raw prompts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlx_omnia.engine.core.binding import bindings
+from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
+from mlx_omnia.engine.generate.loop import Network, generate_tokens
+from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams
+from mlx_omnia.engine.generate.stops import StopMatcher
+from mlx_omnia.engine.text.tokenizer import Tokenizer
+from mlx_omnia.engine.types import (
+    TEXT_GENERATION_OPTIONS,
+    Chat,
+    Completion,
+    FinishReason,
+    GenerationOptions,
+    Piece,
+    Signature,
+    Usage,
+)
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """The checkpoint's generation_config.json, as far as sampling goes."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> GenerationDefaults:
+        def num(key: str, default: float) -> float:
+            value = config.get(key)
+            return float(value) if isinstance(value, int | float) else default
+
+        max_new = config.get("max_new_tokens")
+        return cls(
+            do_sample=bool(config.get("do_sample", False)),
+            temperature=num("temperature", 1.0),
+            top_p=num("top_p", 1.0),
+            top_k=int(num("top_k", 0)),
+            min_p=num("min_p", 0.0),
+            repetition_penalty=num("repetition_penalty", 1.0),
+            max_new_tokens=max_new if isinstance(max_new, int) else None,
+        )
+
+
+class Model:
+    """A loaded model: its network, tokenizer, signature and generation defaults."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        network: nn.Module,
+        tokenizer: Tokenizer,
+        config: Mapping[str, Any],
+        context_length: int,
+        defaults: GenerationDefaults,
+        source: str,
+    ) -> None:
+        self.name = name
+        self.network = network
+        self.tokenizer = tokenizer
+        self.config = dict(config)
+        self.defaults = defaults
+        self.source = source
+        self.signature = Signature(
+            inputs=frozenset({"text"}),
+            outputs=frozenset({"text"}),
+            options=TEXT_GENERATION_OPTIONS,
+            context_length=context_length,
+        )
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.get("model_type", ""))
+
+    def bindings(self) -> dict[str, str]:
+        """The implementation bound to each layer declaration, by module path."""
+        return bindings(self.network)
+
+    # -- inputs ----------------------------------------------------------------------------
+    def encode(self, input: Chat | str) -> list[int]:
+        """Prompt token ids: a Chat through the chat template, a str as raw text."""
+        if isinstance(input, Chat):
+            return self.tokenizer.apply_chat_template(input.messages, tools=input.tools)
+        return self.tokenizer.encode(input)
+
+    def logits(self, ids: list[int]) -> mx.array:
+        """Full-sequence logits [L, V] for `ids` (float32), without a cache."""
+        net: Network = self.network  # type: ignore[assignment]  # families satisfy Network structurally
+        return net(mx.array([ids], dtype=mx.int32))[0].astype(mx.float32)
+
+    # -- outputs ---------------------------------------------------------------------------
+    def stream(self, input: Chat | str, options: GenerationOptions | None = None) -> Iterator[Piece]:
+        """Generate, yielding pieces of text as soon as they are whole characters and cannot
+        begin a stop string. The last piece has `finish_reason` and `usage`."""
+        options = options or GenerationOptions()
+        prompt = self.encode(input)
+        limit = self._context_limit(options)
+        if len(prompt) >= limit:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt)} tokens but the context holds {limit}; "
+                "shorten the conversation or raise context_limit (up to "
+                f"{self.signature.context_length})"
+            )
+        budget = limit - len(prompt)
+        max_tokens = options.max_tokens
+        if max_tokens is None:
+            max_tokens = self.defaults.max_new_tokens or budget
+        if max_tokens < 0:
+            raise InvalidOptionsError("max_tokens must be >= 0")
+        max_tokens = min(max_tokens, budget)
+        if max_tokens == 0:
+            yield Piece("", (), finish_reason="length", usage=Usage(len(prompt), 0))
+            return
+        sampler = Sampler(self._sampling(options), self._vocab_rows(), prompt)
+        yield from self._pieces(prompt, sampler, max_tokens, options)
+
+    def generate(self, input: Chat | str, options: GenerationOptions | None = None) -> Completion:
+        """Generate to the end and return the whole completion."""
+        texts: list[str] = []
+        ids: list[int] = []
+        finish: FinishReason = "length"
+        usage = Usage(0, 0)
+        for piece in self.stream(input, options):
+            texts.append(piece.text)
+            ids.extend(piece.token_ids)
+            if piece.finish_reason is not None and piece.usage is not None:
+                finish, usage = piece.finish_reason, piece.usage
+        return Completion("".join(texts), tuple(ids), finish, usage)
+
+    # -- internals -------------------------------------------------------------------------
+    def _pieces(
+        self, prompt: list[int], sampler: Sampler, max_tokens: int, options: GenerationOptions
+    ) -> Iterator[Piece]:
+        net: Network = self.network  # type: ignore[assignment]
+        stop_ids = self.tokenizer.eos_token_ids | frozenset(options.stop_token_ids)
+        decoder = self.tokenizer.incremental_decoder()
+        stops = StopMatcher(options.stop)
+        pending: list[int] = []
+        count = 0
+        finish: FinishReason = "length"
+        tail = ""
+        for token in generate_tokens(net, prompt, sampler):
+            count += 1
+            pending.append(token)
+            if token in stop_ids:
+                finish = "stop"
+                tail = _flush_held(decoder, stops) + stops.flush()
+                break
+            text, hit = stops.feed(decoder.add(token))
+            if hit:
+                finish = "stop"
+                tail = text
+                break
+            if count >= max_tokens:
+                tail = text + _flush_held(decoder, stops) + stops.flush()
+                break
+            if text:
+                yield Piece(text, tuple(pending))
+                pending = []
+        yield Piece(tail, tuple(pending), finish_reason=finish, usage=Usage(len(prompt), count))
+
+    def _context_limit(self, options: GenerationOptions) -> int:
+        limit = self.signature.context_length
+        if options.context_limit is not None:
+            if options.context_limit <= 0:
+                raise InvalidOptionsError("context_limit must be positive")
+            limit = min(limit, options.context_limit)
+        return limit
+
+    def _vocab_rows(self) -> int:
+        cfg_vocab = self.config.get("vocab_size")
+        return int(cfg_vocab) if isinstance(cfg_vocab, int) else self.tokenizer.vocab_size
+
+    def _sampling(self, o: GenerationOptions) -> SamplingParams:
+        d = self.defaults
+        sampled = d.do_sample
+        temperature = o.temperature if o.temperature is not None else (d.temperature if sampled else 0.0)
+        top_p = o.top_p if o.top_p is not None else (d.top_p if sampled else 1.0)
+        top_k = o.top_k if o.top_k is not None else (d.top_k if sampled else 0)
+        min_p = o.min_p if o.min_p is not None else (d.min_p if sampled else 0.0)
+        rep = o.repetition_penalty if o.repetition_penalty is not None else d.repetition_penalty
+        if temperature < 0:
+            raise InvalidOptionsError("temperature must be >= 0 (0 means greedy)")
+        if not 0.0 < top_p <= 1.0:
+            raise InvalidOptionsError("top_p must be in (0, 1]")
+        if top_k < 0:
+            raise InvalidOptionsError("top_k must be >= 0 (0 disables it)")
+        if not 0.0 <= min_p <= 1.0:
+            raise InvalidOptionsError("min_p must be in [0, 1]")
+        if rep <= 0:
+            raise InvalidOptionsError("repetition_penalty must be > 0")
+        vocab = self._vocab_rows()
+        for token_id in o.logit_bias:
+            if not 0 <= int(token_id) < vocab:
+                raise InvalidOptionsError(f"logit_bias names token {token_id}, outside 0..{vocab - 1}")
+        return SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repetition_penalty=rep,
+            presence_penalty=o.presence_penalty,
+            frequency_penalty=o.frequency_penalty,
+            logit_bias={int(k): float(v) for k, v in o.logit_bias.items()} or None,
+            seed=o.seed,
+        )
+
+
+def _flush_held(decoder: Any, stops: StopMatcher) -> str:
+    """Text the decoder still held back, run through the stop matcher one last time."""
+    text, _ = stops.feed(decoder.flush())
+    return text

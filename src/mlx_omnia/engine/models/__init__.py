@@ -1,0 +1,1 @@
+"""One self-contained package per architecture family, shaped like its checkpoints."""

@@ -1,0 +1,77 @@
+"""Chat templates rendered in jinja2's sandbox with the globals HF templates expect.
+
+A template comes from an untrusted checkpoint: the immutable sandbox denies attribute access to
+internals and mutation of the inputs, so a template can only compute a string.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from mlx_omnia.engine.errors import ChatTemplateError
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise ChatTemplateError(f"the chat template refused the conversation: {message}")
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # HF's tojson keeps non-ASCII text as is, unlike jinja2's default filter.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may reference."""
+
+    def __init__(self, source: str, *, special_tokens: Mapping[str, str | None]) -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise ChatTemplateError(f"the checkpoint's chat template does not parse: {e}") from e
+        self.source = source
+        self.special_tokens = dict(special_tokens)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
+        context: dict[str, Any] = {
+            **{k: v for k, v in self.special_tokens.items() if v is not None},
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+            **extra,
+        }
+        if tools:
+            context["tools"] = [dict(t) for t in tools]
+        try:
+            return self._template.render(context)
+        except ChatTemplateError:
+            raise
+        except jinja2.exceptions.SecurityError as e:
+            raise ChatTemplateError(f"the chat template tried an unsafe operation: {e}") from e
+        except Exception as e:
+            raise ChatTemplateError(f"rendering the chat template failed: {e}") from e

@@ -1,0 +1,166 @@
+"""The checkpoint's tokenizer (HF `tokenizers`), its special tokens and chat template."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from mlx_omnia.engine.errors import ChatTemplateError, TokenizerError
+from mlx_omnia.engine.text.chat_template import ChatTemplate
+from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json stores special tokens as strings or AddedToken dicts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        content = cast(Mapping[str, Any], value).get("content")
+        return content if isinstance(content, str) else None
+    return None
+
+
+class Tokenizer:
+    """Encodes text and chats, decodes ids, and knows which ids end a generation."""
+
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        add_bos_token: bool | None = None,
+        add_eos_token: bool = False,
+        chat_template: str | None = None,
+        eos_token_ids: Sequence[int] = (),
+        extra_special_tokens: Mapping[str, str | None] | None = None,
+    ) -> None:
+        self._tok = tokenizer
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.bos_token_id = tokenizer.token_to_id(bos_token) if bos_token else None
+        self.add_bos_token = add_bos_token
+        self.add_eos_token = add_eos_token
+        eos = list(eos_token_ids)
+        if eos_token is not None and (eid := tokenizer.token_to_id(eos_token)) is not None:
+            eos.append(eid)
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        specials: dict[str, str | None] = {"bos_token": bos_token, "eos_token": eos_token}
+        specials.update(extra_special_tokens or {})
+        self.chat_template = (
+            ChatTemplate(chat_template, special_tokens=specials) if chat_template else None
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_directory(cls, path: Path, *, eos_token_ids: Sequence[int] = ()) -> Tokenizer:
+        """Read tokenizer.json, tokenizer_config.json and chat_template.jinja/.json from `path`."""
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise TokenizerError(
+                f"{path} has no tokenizer.json; only checkpoints with a fast (tokenizers) "
+                "tokenizer are supported - convert it with transformers' tokenizer.save_pretrained"
+            )
+        try:
+            hf = HFTokenizer.from_file(str(tok_file))
+        except Exception as e:
+            raise TokenizerError(f"{tok_file} could not be read: {e}") from e
+        config: dict[str, Any] = {}
+        config_file = path / "tokenizer_config.json"
+        if config_file.is_file():
+            config = _read_json(config_file)
+        template = _chat_template(path, config)
+        extra = {
+            key: _token_text(config.get(key))
+            for key in ("unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+            if key in config
+        }
+        add_bos = config.get("add_bos_token")
+        return cls(
+            hf,
+            bos_token=_token_text(config.get("bos_token")),
+            eos_token=_token_text(config.get("eos_token")),
+            add_bos_token=bool(add_bos) if add_bos is not None else None,
+            add_eos_token=bool(config.get("add_eos_token", False)),
+            chat_template=template,
+            eos_token_ids=eos_token_ids,
+            extra_special_tokens=extra,
+        )
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize raw text as HF's `tokenizer(text)` does."""
+        ids = list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        if add_special_tokens:
+            bos = self.bos_token_id
+            if self.add_bos_token and bos is not None and (not ids or ids[0] != bos):
+                ids.insert(0, bos)
+            eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+            if self.add_eos_token and eos_id is not None and (not ids or ids[-1] != eos_id):
+                ids.append(eos_id)
+        return ids
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Render the chat and tokenize it without adding special tokens (the template has them)."""
+        if self.chat_template is None:
+            raise ChatTemplateError(
+                "this checkpoint's tokenizer has no chat template; pass a plain string prompt, "
+                "or add chat_template.jinja to the checkpoint directory"
+            )
+        text = self.chat_template.render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt
+        )
+        return self.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        return IncrementalDecoder(lambda ids: self.decode(ids))
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path} must hold a JSON object")
+    return cast(dict[str, Any], data)
+
+
+def _chat_template(path: Path, config: Mapping[str, Any]) -> str | None:
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    as_json = path / "chat_template.json"
+    if as_json.is_file():
+        value = _read_json(as_json).get("chat_template")
+        if isinstance(value, str):
+            return value
+    value = config.get("chat_template")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        # A list of named templates: the "default" one serves plain chats.
+        for entry in cast(list[Any], value):
+            if isinstance(entry, Mapping):
+                named = cast(Mapping[str, Any], entry)
+                if named.get("name") == "default" and isinstance(named.get("template"), str):
+                    return cast(str, named["template"])
+    return None

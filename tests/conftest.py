@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.tiny import write_tiny_llama
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random llama checkpoint (HF layout) shared by the session; do not modify it."""
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded default model (SmolLM2-135M-Instruct GGUF), loaded once per session."""
+    from mlx_omnia import load
+
+    return load()
