@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from mlx_omnia.engine import (
         Chat,
         ChatMessage,
-        CheckpointError,
         ChatTemplateError,
+        CheckpointError,
         Completion,
         ContextLengthError,
         DownloadError,

@@ -1,5 +1,11 @@
 """The engine's public API: `load` is the only door."""
 
+from mlx_omnia.engine import blas
+
+blas.preload()  # before anything imports mlx.core
+
+# ruff: noqa: E402
+
 from mlx_omnia.engine.errors import (
     ChatTemplateError,
     CheckpointError,

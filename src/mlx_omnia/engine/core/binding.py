@@ -15,6 +15,8 @@ from typing import Any, Generic, TypeVar
 
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.mxcompat import named_modules
+
 D = TypeVar("D", bound="Declaration")
 
 FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
@@ -57,7 +59,7 @@ class Declaration(nn.Module):
 
 
 def _declarations(model: nn.Module) -> Iterator[tuple[str, Declaration]]:
-    for path, module in model.named_modules():
+    for path, module in named_modules(model):
         if isinstance(module, Declaration):
             yield path, module
 

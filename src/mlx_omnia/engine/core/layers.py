@@ -14,12 +14,18 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.cache import KVCache
+from mlx_omnia.engine.core.mxcompat import drop_parameters
 
 QuantMode = Literal["affine"]
 
 
 class Linear(Declaration):
     """Qmv: y = x @ W.T (+ b), W dense or affine-quantized along the input dimension."""
+
+    weight: mx.array
+    bias: mx.array
+    scales: mx.array
+    biases: mx.array
 
     def __init__(self, input_dims: int, output_dims: int, bias: bool = False) -> None:
         super().__init__()
@@ -63,7 +69,7 @@ class Linear(Declaration):
         self.weight = mx.dequantize(
             self.weight, self.scales, self.biases, group_size=self.group_size, bits=self.bits
         ).astype(dtype)
-        del self["scales"], self["biases"]
+        drop_parameters(self, "scales", "biases")
         self.bits = self.group_size = None
 
     def reference(self) -> Callable[[mx.array], mx.array]:
@@ -72,17 +78,17 @@ class Linear(Declaration):
 
             def qmm(x: mx.array) -> mx.array:
                 y = mx.quantized_matmul(
-                    x, self["weight"], self["scales"], self["biases"],
+                    x, self.weight, self.scales, self.biases,
                     transpose=True, group_size=group_size, bits=bits,
                 )
-                return y + self["bias"] if "bias" in self else y
+                return y + self.bias if "bias" in self else y
 
             return qmm
 
         def mm(x: mx.array) -> mx.array:
             if "bias" in self:
-                return mx.addmm(self["bias"], x, self["weight"].T)
-            return x @ self["weight"].T
+                return mx.addmm(self.bias, x, self.weight.T)
+            return x @ self.weight.T
 
         return mm
 
@@ -92,6 +98,10 @@ class Linear(Declaration):
 
 class Embedding(Declaration):
     """Embed: rows of a (possibly quantized) table; `as_linear` is the tied LM head."""
+
+    weight: mx.array
+    scales: mx.array
+    biases: mx.array
 
     def __init__(self, num_embeddings: int, dims: int) -> None:
         super().__init__()
@@ -124,7 +134,7 @@ class Embedding(Declaration):
         self.weight = mx.dequantize(
             self.weight, self.scales, self.biases, group_size=self.group_size, bits=self.bits
         ).astype(dtype)
-        del self["scales"], self["biases"]
+        drop_parameters(self, "scales", "biases")
         self.bits = self.group_size = None
 
     def reference(self) -> Callable[[mx.array], mx.array]:
@@ -133,12 +143,15 @@ class Embedding(Declaration):
 
             def rows_q(ids: mx.array) -> mx.array:
                 return mx.dequantize(
-                    self["weight"][ids], self["scales"][ids], self["biases"][ids],
+                    self.weight[ids], self.scales[ids], self.biases[ids],
                     group_size=group_size, bits=bits,
                 )
 
             return rows_q
-        return lambda ids: self["weight"][ids]
+        def rows(ids: mx.array) -> mx.array:
+            return self.weight[ids]
+
+        return rows
 
     def __call__(self, ids: mx.array) -> mx.array:
         return self._bound(ids)
@@ -147,14 +160,16 @@ class Embedding(Declaration):
         """LmHead for tied embeddings: x @ E.T."""
         if self.quantized:
             return mx.quantized_matmul(
-                x, self["weight"], self["scales"], self["biases"],
+                x, self.weight, self.scales, self.biases,
                 transpose=True, group_size=self.group_size, bits=self.bits,
             )
-        return x @ self["weight"].T
+        return x @ self.weight.T
 
 
 class RmsNorm(Declaration):
     """RMS normalization: x / rms(x) * weight."""
+
+    weight: mx.array
 
     def __init__(self, dims: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -163,7 +178,7 @@ class RmsNorm(Declaration):
         self._bound: Callable[[mx.array], mx.array] = self.reference()
 
     def reference(self) -> Callable[[mx.array], mx.array]:
-        return lambda x: mx.fast.rms_norm(x, self["weight"], self.eps)
+        return lambda x: mx.fast.rms_norm(x, self.weight, self.eps)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self._bound(x)

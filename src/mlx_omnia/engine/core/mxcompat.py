@@ -1,4 +1,7 @@
-"""Precisely typed wrappers around the few MLX calls whose stubs are loose."""
+"""Precisely typed wrappers around the few MLX calls whose stubs are loose.
+
+`mlx.nn` ships no stubs and some `mlx.core` signatures take untyped *args; each such call is
+wrapped here once, so the rest of the code type-checks strictly."""
 
 from __future__ import annotations
 
@@ -6,11 +9,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten  # pyright: ignore[reportUnknownVariableType]
 
 
 def load_safetensors(path: str | Path) -> dict[str, mx.array]:
     """Load every tensor of a safetensors file."""
-    loaded = mx.load(str(path), format="safetensors")
+    loaded: Any = mx.load(str(path), format="safetensors")
     if not isinstance(loaded, dict):
         raise TypeError(f"{path}: expected a dict of tensors")
     return cast(dict[str, mx.array], loaded)
@@ -18,25 +23,46 @@ def load_safetensors(path: str | Path) -> dict[str, mx.array]:
 
 def load_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     """Load a GGUF file's tensors (Q4_0/Q4_1/Q8_0 become affine-quantized triples) and metadata."""
-    loaded = mx.load(str(path), format="gguf", return_metadata=True)
+    loaded: Any = mx.load(str(path), format="gguf", return_metadata=True)
     if not isinstance(loaded, tuple):
         raise TypeError(f"{path}: expected tensors and metadata")
-    tensors, metadata = cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
-    return tensors, metadata
+    return cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
 
 
-def tree_arrays(tree: Any, prefix: str = "") -> list[tuple[str, mx.array]]:
-    """Flatten nested dicts/lists of arrays into dotted names (like nn.Module.parameters())."""
-    out: list[tuple[str, mx.array]] = []
-    if isinstance(tree, mx.array):
-        out.append((prefix, tree))
-    elif isinstance(tree, dict):
-        for key, value in cast(dict[str, Any], tree).items():
-            out.extend(tree_arrays(value, f"{prefix}.{key}" if prefix else str(key)))
-    elif isinstance(tree, list | tuple):
-        for i, value in enumerate(cast(list[Any], tree)):
-            out.extend(tree_arrays(value, f"{prefix}.{i}" if prefix else str(i)))
-    return out
+def named_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every submodule with its dotted path (the checkpoint's tensor prefix)."""
+    return cast(list[tuple[str, nn.Module]], module.named_modules())
+
+
+def flat_parameters(module: nn.Module) -> dict[str, mx.array]:
+    """Parameters by dotted name, as a checkpoint names its tensors."""
+    return dict(cast(list[tuple[str, mx.array]], tree_flatten(module.parameters())))
+
+
+def set_parameters(module: nn.Module, items: list[tuple[str, mx.array]]) -> None:
+    """Replace parameters by dotted name."""
+    tree = cast(dict[str, Any], tree_unflatten(cast(list[tuple[str, Any]], items)))
+    module.update(tree)  # pyright: ignore[reportUnknownMemberType]  # mlx.nn has no stubs
+
+
+def drop_parameters(module: nn.Module, *names: str) -> None:
+    """Remove parameters (e.g. `scales`/`biases` after dequantizing)."""
+    for name in names:
+        module.pop(name, None)  # pyright: ignore[reportUnknownMemberType]  # nn.Module is a dict
+
+
+def evaluate(*arrays: mx.array | list[mx.array]) -> None:
+    """mx.eval with typed arguments."""
+    mx.eval(*arrays)  # pyright: ignore[reportUnknownMemberType]  # stub: *args untyped
+
+
+def evaluate_async(*arrays: mx.array | list[mx.array]) -> None:
+    """mx.async_eval with typed arguments."""
+    mx.async_eval(*arrays)  # pyright: ignore[reportUnknownMemberType]  # stub: *args untyped
+
+
+def reshape(x: mx.array, *shape: int) -> mx.array:
+    return mx.reshape(x, shape)
 
 
 def silu(x: mx.array) -> mx.array:

@@ -25,9 +25,9 @@ def rope_parameters(config: Mapping[str, Any], layer_type: str | None = None) ->
     new = config.get("rope_parameters")
     if isinstance(new, Mapping):
         new = cast(Mapping[str, Any], new)
-        nested = layer_type is not None and isinstance(new.get(layer_type), Mapping)
-        if nested:
-            params.update(cast(Mapping[str, Any], new[layer_type]))
+        per_layer = new.get(layer_type) if layer_type is not None else None
+        if isinstance(per_layer, Mapping):
+            params.update(cast(Mapping[str, Any], per_layer))
         elif "rope_type" in new or "rope_theta" in new or "type" in new:
             params.update(new)
     old = config.get("rope_scaling")

@@ -9,6 +9,7 @@ from typing import Protocol
 import mlx.core as mx
 
 from mlx_omnia.engine.core.cache import KVCache
+from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async
 
 
 class Network(Protocol):
@@ -29,7 +30,7 @@ def prefill(network: Network, ids: list[int], cache: list[KVCache]) -> mx.array:
     start = 0
     while len(ids) - start > PREFILL_CHUNK:
         network(mx.array([ids[start : start + PREFILL_CHUNK]], dtype=mx.int32), cache)
-        mx.eval([a for c in cache for a in c.state()])
+        evaluate([a for c in cache for a in c.state()])
         start += PREFILL_CHUNK
     logits = network(mx.array([ids[start:]], dtype=mx.int32), cache)
     return logits[0, -1, :]
@@ -41,9 +42,9 @@ def generate_tokens(
     """Yield sampled token ids forever; the caller decides when to stop."""
     cache = network.make_cache()
     token = sample(prefill(network, prompt_ids, cache))
-    mx.async_eval(token)
+    evaluate_async(token)
     while True:
-        following = sample(network(token.reshape(1, 1), cache)[0, -1, :])
-        mx.async_eval(following)
-        yield int(token.item())
+        following = sample(network(token[None, None], cache)[0, -1, :])
+        evaluate_async(following)
+        yield int(token.item())  # pyright: ignore[reportArgumentType]  # int32 scalar
         token = following

@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from mlx_omnia.engine.core.binding import bind_layers
 from mlx_omnia.engine.core.layers import Embedding, Linear
+from mlx_omnia.engine.core.mxcompat import evaluate, flat_parameters, named_modules
 from mlx_omnia.engine.errors import CheckpointError, InvalidOptionsError
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.resolve import Source, resolve
@@ -96,13 +97,13 @@ def finish_network(
     cast_floats(network, dtype)
     if quantize is not None:
         bits, group_size = quantize
-        for _, module in network.named_modules():
+        for _, module in named_modules(network):
             if isinstance(module, Linear | Embedding) and not module.quantized:
                 dims = module.input_dims if isinstance(module, Linear) else module.dims
                 if dims % group_size == 0:
                     module.quantize_weights(bits=bits, group_size=group_size)
     bind_layers(network)
-    mx.eval(network.parameters())
+    evaluate(list(flat_parameters(network).values()))
 
 
 def eos_ids(*configs: Mapping[str, Any]) -> list[int]:

@@ -10,10 +10,14 @@ from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_omnia.engine.core.layers import Embedding, Linear
-from mlx_omnia.engine.core.mxcompat import load_safetensors
+from mlx_omnia.engine.core.mxcompat import (
+    flat_parameters,
+    load_safetensors,
+    named_modules,
+    set_parameters,
+)
 from mlx_omnia.engine.errors import CheckpointError
 
 
@@ -94,7 +98,7 @@ def declare_quantization(
 
     Bits and group size come from the config (with per-layer overrides, as mlx-community
     publishes them) and must agree with the tensor shapes."""
-    for path, module in network.named_modules():
+    for path, module in named_modules(network):
         if not isinstance(module, Linear | Embedding) or f"{path}.scales" not in weights:
             continue
         w, scales = weights[f"{path}.weight"], weights[f"{path}.scales"]
@@ -117,7 +121,7 @@ def declare_quantization(
 def load_strict(network: nn.Module, weights: Mapping[str, mx.array]) -> None:
     """Put `weights` into `network`; every parameter must be found, with its shape, and every
     tensor must find a parameter."""
-    expected = dict(tree_flatten(network.parameters()))
+    expected = flat_parameters(network)
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:
@@ -137,13 +141,13 @@ def load_strict(network: nn.Module, weights: Mapping[str, mx.array]) -> None:
                 f"tensor {name} has shape {tuple(weights[name].shape)} but the config implies "
                 f"{tuple(param.shape)}"
             )
-    network.update(tree_unflatten(list(weights.items())))
+    set_parameters(network, list(weights.items()))
 
 
 def cast_floats(network: nn.Module, dtype: mx.Dtype) -> None:
     """Cast every floating-point parameter (not packed quantized weights) to `dtype`."""
-    params = tree_flatten(network.parameters())
-    cast_params = [
-        (k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in params
-    ]
-    network.update(tree_unflatten(cast_params))
+    params = flat_parameters(network)
+    set_parameters(
+        network,
+        [(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in params.items()],
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import jinja2
 from jinja2.ext import loopcontrols
@@ -42,8 +42,10 @@ class ChatTemplate:
             trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
         )
         env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = _strftime_now
+        # jinja2 types globals narrowly; HF templates expect these callables among them.
+        template_globals = cast(dict[str, Any], env.globals)
+        template_globals["raise_exception"] = _raise_exception
+        template_globals["strftime_now"] = _strftime_now
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:

@@ -7,7 +7,7 @@ import mlx.nn as nn
 
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
-from mlx_omnia.engine.core.mxcompat import silu
+from mlx_omnia.engine.core.mxcompat import reshape, silu
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.llama.config import LlamaConfig
 
@@ -30,14 +30,14 @@ class LlamaAttention(nn.Module):
 
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
         b, length, _ = x.shape
-        q = self.q_proj(x).reshape(b, length, self.n_heads, -1).transpose(0, 2, 1, 3)
-        k = self.k_proj(x).reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = self.v_proj(x).reshape(b, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = reshape(self.q_proj(x), b, length, self.n_heads, -1).swapaxes(1, 2)
+        k = reshape(self.k_proj(x), b, length, self.n_kv_heads, -1).swapaxes(1, 2)
+        v = reshape(self.v_proj(x), b, length, self.n_kv_heads, -1).swapaxes(1, 2)
         offset = cache.offset if cache is not None else 0
         q = self.rope(q, offset)
         k = self.rope(k, offset)
         out = self.attention(q, k, v, cache)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+        return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 
 class LlamaMLP(nn.Module):
