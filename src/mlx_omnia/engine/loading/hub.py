@@ -1,10 +1,15 @@
-"""Downloading checkpoints from the Hugging Face hub into the standard HF cache."""
+"""Downloading checkpoints from the Hugging Face hub into the standard HF cache.
+
+Configured the way huggingface_hub is, through environment variables read when it is first
+imported: HF_ENDPOINT (a mirror or a local hub), HF_HOME / HF_HUB_CACHE (where the cache lives),
+HF_HUB_OFFLINE=1 (never touch the network), HF_TOKEN (private and gated repos)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from mlx_omnia.engine.errors import DownloadError, ModelNotFoundError
+from mlx_omnia.engine.errors import CheckpointError, DownloadError, ModelNotFoundError
 
 # Only what loading reads: configs, tokenizer, templates and safetensors weights.
 ALLOW_PATTERNS = [
@@ -19,34 +24,130 @@ ALLOW_PATTERNS = [
     "model.safetensors.index.json",
 ]
 
+# owner/name as the hub spells repo ids; never a path (no "..", no leading "/", no "\").
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+# Characters git forbids in ref names (besides control characters).
+_REF_FORBIDDEN = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{")
+
+
+def _valid_revision(revision: str) -> bool:
+    """git check-ref-format rules, so a revision can never step out of the cache's refs/."""
+    if not revision or revision == "@" or _REF_FORBIDDEN.search(revision):
+        return False
+    return all(
+        part and not part.startswith(".") and not part.endswith((".lock", "."))
+        for part in revision.split("/")
+    )
+
+
+def _check_names(repo_id: str, revision: str | None) -> None:
+    if not _REPO_ID.match(repo_id) or ".." in repo_id:
+        raise ModelNotFoundError(
+            f"{repo_id!r} is not a hub repo id; write it as owner/name (letters, digits, '-', "
+            "'_', '.')"
+        )
+    if revision is not None and not _valid_revision(revision):
+        raise ModelNotFoundError(
+            f"{revision!r} is not a valid revision of {repo_id!r}; pass a branch, tag or commit hash"
+        )
+
+
+def _is_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT)
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
 
 def download(repo_id: str, *, revision: str | None = None, local_files_only: bool = False) -> Path:
-    """Fetch (or find in the cache) the files of `repo_id` needed to load it."""
-    from huggingface_hub import snapshot_download
+    """Fetch (or find in the cache) the files of `repo_id` needed to load it and return the
+    snapshot directory (HF_HUB_CACHE/models--owner--name/snapshots/<commit>)."""
+    _check_names(repo_id, revision)
+    # (its user_agent parameter is an untyped dict, hence the ignore)
+    from huggingface_hub import snapshot_download  # pyright: ignore[reportUnknownVariableType]
     from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        IncompleteSnapshotError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
+    at = f" at revision {revision!r}" if revision else ""
     try:
-        path = snapshot_download(
-            repo_id,
-            revision=revision,
-            allow_patterns=ALLOW_PATTERNS,
-            local_files_only=local_files_only,
+        path = Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                allow_patterns=ALLOW_PATTERNS,
+                local_files_only=local_files_only,
+            )
         )
+    except GatedRepoError as e:
+        raise ModelNotFoundError(
+            f"hub repo {repo_id!r} is gated: accept its terms on {_endpoint()}/{repo_id} and set "
+            "HF_TOKEN to a token of that account"
+        ) from e
     except RepositoryNotFoundError as e:
         raise ModelNotFoundError(
-            f"hub repo {repo_id!r} was not found (or is private: set HF_TOKEN)"
+            f"hub repo {repo_id!r} was not found on {_endpoint()}; check the spelling "
+            "(owner/name), or set HF_TOKEN if it is private"
         ) from e
     except RevisionNotFoundError as e:
-        raise ModelNotFoundError(f"hub repo {repo_id!r} has no revision {revision!r}") from e
-    except LocalEntryNotFoundError as e:
         raise ModelNotFoundError(
-            f"{repo_id!r} is not in the local HF cache and downloads are off "
-            "(local_files_only / HF_HUB_OFFLINE); connect and try again"
+            f"hub repo {repo_id!r} has no revision {revision!r}; pass an existing branch, tag or "
+            "commit hash"
         ) from e
+    except IncompleteSnapshotError as e:
+        raise DownloadError(
+            f"the cached download of {repo_id!r}{at} is incomplete and the hub cannot be used "
+            f"now ({e.__class__.__name__}); run again with network access (and without "
+            "local_files_only / HF_HUB_OFFLINE) to finish it"
+        ) from e
+    except LocalEntryNotFoundError as e:
+        if local_files_only or _is_offline():
+            raise ModelNotFoundError(
+                f"{repo_id!r}{at} is not in the local HF cache ({_cache_dir()}) and downloads are "
+                "off (local_files_only=True or HF_HUB_OFFLINE=1); download it once online first"
+            ) from e
+        raise DownloadError(
+            f"could not reach the hub at {_endpoint()} to download {repo_id!r}{at}, and it is "
+            "not in the local HF cache; check the network (and HF_ENDPOINT) and try again"
+        ) from e
+    except HFValidationError as e:
+        raise ModelNotFoundError(f"{repo_id!r} is not a valid hub repo id: {e}") from e
     except Exception as e:
-        raise DownloadError(f"downloading {repo_id!r} failed: {e}; try again") from e
-    return Path(path)
+        detail = " ".join(str(e).split())  # huggingface_hub's messages span several lines
+        raise DownloadError(
+            f"downloading {repo_id!r}{at} from {_endpoint()} failed ({e.__class__.__name__}: "
+            f"{detail}); run the same load again: files already complete are kept in the HF cache "
+            "and are not fetched twice"
+        ) from e
+    _check_snapshot(repo_id, path)
+    return path
+
+
+def _check_snapshot(repo_id: str, path: Path) -> None:
+    """The repo must hold an HF-format checkpoint: config.json and safetensors weights."""
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"hub repo {repo_id!r} has no config.json, so it is not a Hugging Face format "
+            "checkpoint; for a GGUF-only repo, download the .gguf file and pass its path"
+        )
+    if not any(path.glob("*.safetensors")):
+        raise CheckpointError(
+            f"hub repo {repo_id!r} has no *.safetensors weights (only PyTorch .bin or other "
+            "formats?); pick a repo with safetensors weights or convert the checkpoint"
+        )
