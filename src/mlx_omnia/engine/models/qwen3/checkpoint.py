@@ -1,0 +1,32 @@
+"""How qwen3 checkpoints become a Qwen3ForCausalLM: config and tensor names."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import mlx.core as mx
+
+from mlx_omnia.engine.models.qwen3.config import Qwen3Config
+from mlx_omnia.engine.models.qwen3.model import Qwen3ForCausalLM
+
+
+class Qwen3Checkpoint:
+    model_types = ("qwen3",)
+
+    def build(self, config: Mapping[str, Any]) -> Qwen3ForCausalLM:
+        return Qwen3ForCausalLM(Qwen3Config.from_dict(config))
+
+    def context_length(self, config: Mapping[str, Any]) -> int:
+        return Qwen3Config.from_dict(config).max_position_embeddings
+
+    def sanitize(self, weights: dict[str, mx.array], config: Mapping[str, Any]) -> dict[str, mx.array]:
+        """Drop tensors that are derived, not learned (rotary inv_freq) and, when tied, a saved
+        copy of the embedding as lm_head."""
+        kept = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+        if config.get("tie_word_embeddings", False):
+            kept = {k: v for k, v in kept.items() if not k.startswith("lm_head.")}
+        return kept
+
+
+CHECKPOINT = Qwen3Checkpoint()
