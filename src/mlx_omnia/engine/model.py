@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -107,9 +108,16 @@ class Model:
     # -- outputs ---------------------------------------------------------------------------
     def stream(self, input: Chat | str, options: GenerationOptions | None = None) -> Iterator[Piece]:
         """Generate, yielding pieces of text as soon as they are whole characters and cannot
-        begin a stop string. The last piece has `finish_reason` and `usage`."""
+        begin a stop string. The last piece has `finish_reason` and `usage`.
+
+        The input and options are checked here, before the first piece: bad ones raise at the
+        call, not at the first `next()` (a server can still answer with an error status)."""
         options = options or GenerationOptions()
         prompt = self.encode(input)
+        if not prompt:
+            raise InvalidOptionsError(
+                "the prompt is empty (no tokens) and this tokenizer adds no BOS; pass some text"
+            )
         limit = self._context_limit(options)
         if len(prompt) >= limit:
             raise ContextLengthError(
@@ -124,11 +132,10 @@ class Model:
         if max_tokens < 0:
             raise InvalidOptionsError("max_tokens must be >= 0")
         max_tokens = min(max_tokens, budget)
-        if max_tokens == 0:
-            yield Piece("", (), finish_reason="length", usage=Usage(len(prompt), 0))
-            return
         sampler = Sampler(self._sampling(options), self._vocab_rows(), prompt)
-        yield from self._pieces(prompt, sampler, max_tokens, options)
+        if max_tokens == 0:
+            return iter([Piece("", (), finish_reason="length", usage=Usage(len(prompt), 0))])
+        return self._pieces(prompt, sampler, max_tokens, options)
 
     def generate(self, input: Chat | str, options: GenerationOptions | None = None) -> Completion:
         """Generate to the end and return the whole completion."""
@@ -142,6 +149,14 @@ class Model:
             if piece.finish_reason is not None and piece.usage is not None:
                 finish, usage = piece.finish_reason, piece.usage
         return Completion("".join(texts), tuple(ids), finish, usage)
+
+    def save(self, path: str | Path) -> Path:
+        """Write this model as an MLX-layout checkpoint directory (config.json with its
+        quantization, model.safetensors, tokenizer files, generation_config.json); `load` reads
+        it back. `path` must be new or empty."""
+        from mlx_omnia.engine.saving import save_model
+
+        return save_model(self, Path(path))
 
     # -- internals -------------------------------------------------------------------------
     def _pieces(

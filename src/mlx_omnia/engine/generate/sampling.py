@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,18 @@ class Sampler:
         self.vocab_size = vocab_size
         self._bias: mx.array | None = None
         if params.logit_bias:
-            ids = mx.array(list(params.logit_bias.keys()), dtype=mx.int32)
-            vals = mx.array(list(params.logit_bias.values()), dtype=mx.float32)
-            self._bias = mx.zeros((vocab_size,), mx.float32).at[ids].add(vals)
+            bias = np.zeros((vocab_size,), np.float32)
+            for token_id, value in params.logit_bias.items():
+                bias[token_id] += value
+            self._bias = mx.array(bias)
         # Repetition penalty (HF semantics) covers prompt and output; presence/frequency
         # penalties (OpenAI semantics) cover the output only.
         self._seen: mx.array | None = None
         if params.repetition_penalty != 1.0:
-            seen = mx.zeros((vocab_size,), mx.bool_)
-            if prompt_ids:
-                seen = seen.at[mx.array(prompt_ids, dtype=mx.int32)].add(True)  # pyright: ignore[reportUnknownMemberType]
-            self._seen = seen
+            seen = np.zeros((vocab_size,), np.bool_)
+            seen[[t for t in prompt_ids if 0 <= t < vocab_size]] = True
+            self._seen = mx.array(seen.tolist())
+        self._ids = mx.arange(vocab_size)
         self._counts: mx.array | None = None
         if params.presence_penalty or params.frequency_penalty:
             self._counts = mx.zeros((vocab_size,), mx.float32)
@@ -72,9 +74,9 @@ class Sampler:
 
     def _observe(self, token: mx.array) -> None:
         if self._seen is not None:
-            self._seen = self._seen.at[token].add(True)  # pyright: ignore[reportUnknownMemberType]
+            self._seen = self._seen | (self._ids == token)
         if self._counts is not None:
-            self._counts = self._counts.at[token].add(1.0)
+            self._counts = self._counts + (self._ids == token)
 
     @staticmethod
     def _greedy(x: mx.array) -> mx.array:
@@ -94,8 +96,7 @@ class Sampler:
             sorted_probs = mx.softmax(x[order], axis=-1)
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
             before = mx.cumsum(sorted_probs) - sorted_probs
-            keep_sorted = before < p.top_p
-            keep = mx.zeros(x.shape, mx.bool_).at[order].add(keep_sorted)  # pyright: ignore[reportUnknownMemberType]
-            x = mx.where(keep, x, -mx.inf)
+            kept_sorted = mx.where(before < p.top_p, x[order], mx.inf)
+            x = mx.where(x >= kept_sorted.min(), x, -mx.inf)
         self._key, sub = mx.random.split(self._key)
         return mx.random.categorical(x, key=sub).astype(mx.int32)

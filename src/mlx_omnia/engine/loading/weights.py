@@ -45,6 +45,8 @@ def _check_safetensors(path: Path) -> None:
             if n > size - 8 or n > 100_000_000:
                 raise ValueError("header length past the end of the file")
             header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
         end = 0
         for name, entry in cast(dict[str, Any], header).items():
             if name == "__metadata__":

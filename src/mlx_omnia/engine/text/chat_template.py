@@ -34,6 +34,28 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _text_content(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `message` whose content, if a list of text parts, is one string (parts joined
+    by newlines, as vLLM does), since most templates concatenate `message['content']`."""
+    out = dict(message)
+    content = out.get("content")
+    if isinstance(content, list):
+        parts = cast(list[Any], content)
+        texts: list[str] = []
+        for part in parts:
+            if isinstance(part, Mapping):
+                entry = cast(Mapping[str, Any], part)
+                if entry.get("type") == "text" and isinstance(entry.get("text"), str):
+                    texts.append(cast(str, entry["text"]))
+                    continue
+            raise ChatTemplateError(
+                "message content parts must be {'type': 'text', 'text': ...}; this model "
+                "takes text only"
+            )
+        out["content"] = "\n".join(texts)
+    return out
+
+
 class ChatTemplate:
     """A compiled chat template plus the special tokens it may reference."""
 
@@ -63,7 +85,7 @@ class ChatTemplate:
     ) -> str:
         context: dict[str, Any] = {
             **{k: v for k, v in self.special_tokens.items() if v is not None},
-            "messages": [dict(m) for m in messages],
+            "messages": [_text_content(m) for m in messages],
             "add_generation_prompt": add_generation_prompt,
             **extra,
         }

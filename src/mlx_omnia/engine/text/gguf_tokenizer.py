@@ -70,9 +70,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
     if not tokens:
         raise TokenizerError("the GGUF file has no tokenizer.ggml.tokens")
     raw_types = metadata.get("tokenizer.ggml.token_type")
-    types: list[int] = (
-        [int(t) for t in cast(Any, raw_types).tolist()] if raw_types is not None else []
-    )
+    types: list[int] = [int(t) for t in raw_types.tolist()] if raw_types is not None else []
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs: list[tuple[str, str]] = []
     for merge in merges:
@@ -86,8 +84,9 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         for i, tok in enumerate(tokens)
         if i < len(types) and types[i] in (CONTROL, USER_DEFINED)
     ]
-    hf.add_special_tokens([t for t in specials if t.special])
-    hf.add_tokens([t for t in specials if not t.special])
+    # stub: list element type untyped
+    hf.add_special_tokens([t for t in specials if t.special])  # pyright: ignore[reportUnknownMemberType]
+    hf.add_tokens([t for t in specials if not t.special])  # pyright: ignore[reportUnknownMemberType]
 
     def token(key: str) -> str | None:
         i = _int(metadata, key)

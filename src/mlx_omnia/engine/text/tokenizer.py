@@ -82,13 +82,15 @@ class Tokenizer:
             for key in ("unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
             if key in config
         }
-        add_bos = config.get("add_bos_token")
+        # As in transformers 5, tokenizer.json's post-processor alone decides which special
+        # tokens a raw prompt gets; tokenizer_config's add_bos_token/add_eos_token are not
+        # applied on top (they are for GGUF metadata, which has no post-processor).
         return cls(
             hf,
             bos_token=_token_text(config.get("bos_token")),
             eos_token=_token_text(config.get("eos_token")),
-            add_bos_token=bool(add_bos) if add_bos is not None else None,
-            add_eos_token=bool(config.get("add_eos_token", False)),
+            add_bos_token=None,
+            add_eos_token=False,
             chat_template=template,
             eos_token_ids=eos_token_ids,
             extra_special_tokens=extra,

@@ -11,6 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.errors import UnsupportedModelError
 
 NAMES = {
@@ -71,10 +72,13 @@ def config_from_gguf(metadata: Mapping[str, Any], tensors: Mapping[str, mx.array
 
 
 def _unpermute(w: mx.array, n_heads: int) -> mx.array:
-    """Rows [h, 2, d/2] (llama.cpp) back to [h, d/2, 2]... inverse of the converter's permute."""
+    """Undo llama.cpp's q/k row order: each head's rows are interleaved pairs [h, d/2, 2] in the
+    file; HF's rotate-half layout wants [h, 2, d/2]. Also applies to packed weights, scales and
+    biases, whose rows are the same output features."""
     rows = w.shape[0]
     rest = w.shape[1:]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+    pairs = reshape(w, n_heads, rows // n_heads // 2, 2, *rest)
+    return reshape(pairs.swapaxes(1, 2), *w.shape)
 
 
 def weights_from_gguf(
