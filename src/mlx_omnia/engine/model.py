@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_omnia.engine.core.binding import bindings
+from mlx_omnia.engine.core.mxcompat import flat_parameters
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
 from mlx_omnia.engine.generate.loop import Network, generate_tokens
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams
@@ -84,6 +85,11 @@ class Model:
             options=TEXT_GENERATION_OPTIONS,
             context_length=context_length,
         )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the weights (what residency costs, before KV caches)."""
+        return sum(a.nbytes for a in flat_parameters(self.network).values())
 
     @property
     def model_type(self) -> str:

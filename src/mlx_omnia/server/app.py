@@ -1,0 +1,115 @@
+"""The FastAPI application: routes of every dialect on one engine, auth, limits, error shapes."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mlx_omnia import OmniaError
+from mlx_omnia.server.dialects import openai
+from mlx_omnia.server.dialects.errors import dialect_of, error_response, from_engine
+from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.manager import ModelManager
+from mlx_omnia.server.scheduler import Scheduler
+from mlx_omnia.server.settings import Settings
+from mlx_omnia.server.state import ServerState
+
+OPEN_PATHS = ("/admin/health",)
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return (
+        request.headers.get("x-api-key")
+        or request.headers.get("x-goog-api-key")
+        or request.query_params.get("key")
+    )
+
+
+def create_app(settings: Settings, *, manager: ModelManager | None = None) -> FastAPI:
+    manager = manager or ModelManager(settings)
+    scheduler = Scheduler(manager, max_queue=settings.max_queue)
+    state = ServerState(settings, manager, scheduler)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="mlx-omnia", lifespan=lifespan)
+    app.state.omnia = state
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        dialect = dialect_of(request.url.path)
+        if settings.api_key and request.method != "OPTIONS" and request.url.path not in OPEN_PATHS:
+            key = _presented_key(request)
+            if key is None or not hmac.compare_digest(key.encode(), settings.api_key.encode()):
+                return error_response(
+                    dialect, ApiError("authentication", "missing or invalid API key")
+                )
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return error_response(
+                dialect,
+                ApiError("too_large", f"request body over {settings.max_body_bytes} bytes"),
+            )
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return error_response(dialect_of(request.url.path), exc)
+
+    @app.exception_handler(OmniaError)
+    async def engine_error(request: Request, exc: OmniaError) -> Response:
+        return error_response(dialect_of(request.url.path), from_engine(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            message, param = "the request body is not valid JSON", None
+        else:
+            where = ".".join(loc) or "body"
+            message, param = f"{where}: {first.get('msg', 'invalid value')}", where
+        return error_response(dialect_of(request.url.path), ApiError("invalid_request", message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = {401: "authentication", 404: "not_found", 405: "invalid_request", 413: "too_large"}
+        return error_response(
+            dialect_of(request.url.path),
+            ApiError(kind.get(exc.status_code, "invalid_request"), str(exc.detail)),  # type: ignore[arg-type]
+        )
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def json_error(request: Request, exc: json.JSONDecodeError) -> Response:
+        return error_response(
+            dialect_of(request.url.path), ApiError("invalid_request", "the request body is not valid JSON")
+        )
+
+    @app.get("/admin/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.include_router(openai.router, prefix="/api/openai/v1")
+    return app

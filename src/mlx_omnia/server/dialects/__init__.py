@@ -1,0 +1,1 @@
+"""One module per API dialect: request → (model, Chat | str, GenerationOptions), pieces → response."""

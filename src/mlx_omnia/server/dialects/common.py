@@ -1,0 +1,41 @@
+"""Helpers every dialect uses: strict extra-field policy, SSE framing, ids."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from mlx_omnia.server.errors import ApiError
+
+
+class Request(BaseModel):
+    """Request bodies keep unknown fields so that each can be judged, never silently dropped."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def refuse_unknown(body: BaseModel, harmless: Iterable[str] = ()) -> None:
+    """400 naming the first field the server does not honour and that could change the output."""
+    allowed = set(harmless)
+    for name in body.model_extra or {}:
+        if name not in allowed:
+            raise ApiError("invalid_request", f"field {name!r} is not supported by this server", name)
+
+
+def sse(data: Any, event: str | None = None) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,105 @@
+"""Each dialect's own error shape, from one ApiError."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi.responses import JSONResponse
+
+from mlx_omnia import (
+    ChatTemplateError,
+    CheckpointError,
+    ContextLengthError,
+    DownloadError,
+    InvalidOptionsError,
+    ModelNotFoundError,
+    OmniaError,
+    TokenizerError,
+    UnsupportedModelError,
+)
+from mlx_omnia.server.errors import ApiError, Kind
+
+Dialect = Literal["openai", "anthropic", "gemini", "native"]
+
+OPENAI_TYPES: dict[Kind, str] = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "invalid_request_error",
+    "too_large": "invalid_request_error",
+    "rate_limit": "rate_limit_error",
+    "overloaded": "overloaded_error",
+    "internal": "server_error",
+}
+ANTHROPIC_TYPES: dict[Kind, str] = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "too_large": "request_too_large",
+    "rate_limit": "rate_limit_error",
+    "overloaded": "overloaded_error",
+    "internal": "api_error",
+}
+GEMINI_STATUS: dict[Kind, str] = {
+    "invalid_request": "INVALID_ARGUMENT",
+    "authentication": "UNAUTHENTICATED",
+    "permission": "PERMISSION_DENIED",
+    "not_found": "NOT_FOUND",
+    "too_large": "INVALID_ARGUMENT",
+    "rate_limit": "RESOURCE_EXHAUSTED",
+    "overloaded": "UNAVAILABLE",
+    "internal": "INTERNAL",
+}
+
+
+def dialect_of(path: str) -> Dialect:
+    if path.startswith("/api/openai/"):
+        return "openai"
+    if path.startswith("/api/anthropic/"):
+        return "anthropic"
+    if path.startswith("/api/gemini/"):
+        return "gemini"
+    return "native"
+
+
+def from_engine(error: OmniaError) -> ApiError:
+    """Map an engine error to the HTTP layer's kinds."""
+    if isinstance(error, ModelNotFoundError):
+        return ApiError("not_found", str(error), "model")
+    if isinstance(error, ContextLengthError):
+        return ApiError("invalid_request", str(error), "messages")
+    if isinstance(error, InvalidOptionsError | ChatTemplateError | TokenizerError):
+        return ApiError("invalid_request", str(error))
+    if isinstance(error, CheckpointError | UnsupportedModelError):
+        return ApiError("invalid_request", f"the model cannot be loaded: {error}", "model")
+    if isinstance(error, DownloadError):
+        return ApiError("overloaded", str(error), "model")
+    return ApiError("internal", str(error))
+
+
+def error_body(dialect: Dialect, error: ApiError) -> dict[str, object]:
+    if dialect == "openai":
+        code = "model_not_found" if error.kind == "not_found" and error.param == "model" else None
+        return {
+            "error": {
+                "message": error.message,
+                "type": OPENAI_TYPES[error.kind],
+                "param": error.param,
+                "code": code,
+            }
+        }
+    if dialect == "anthropic":
+        return {"type": "error", "error": {"type": ANTHROPIC_TYPES[error.kind], "message": error.message}}
+    if dialect == "gemini":
+        return {
+            "error": {"code": error.status, "message": error.message, "status": GEMINI_STATUS[error.kind]}
+        }
+    return {"error": {"type": error.kind, "message": error.message}}
+
+
+def error_response(dialect: Dialect, error: ApiError) -> JSONResponse:
+    status = error.status
+    if dialect == "anthropic" and error.kind == "overloaded":
+        status = 529  # Anthropic's own status for overloaded_error
+    return JSONResponse(error_body(dialect, error), status_code=status)

@@ -1,0 +1,57 @@
+"""`omnia-server`: serve the engine over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def parse_size(text: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().rstrip("ib").rstrip("b") if text[-1:].lower() == "b" else text.strip().lower()
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mlx_omnia.server.settings import Settings
+
+    parser = argparse.ArgumentParser(prog="omnia-server", description="Serve models over HTTP.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8642)
+    parser.add_argument("--model", default=None, help="preload: a hub repo id, a directory or .gguf")
+    parser.add_argument("--api-key", default=os.environ.get("OMNIA_API_KEY"))
+    parser.add_argument("--memory-limit", type=parse_size, default=None, help="e.g. 12G")
+    parser.add_argument("--idle-ttl", type=float, default=30 * 60.0, help="seconds")
+    parser.add_argument("--max-queue", type=int, default=64)
+    parser.add_argument("--cors-origin", action="append", default=[])
+    args = parser.parse_args(argv)
+
+    settings = Settings(host=args.host, port=args.port, api_key=args.api_key, idle_ttl=args.idle_ttl,
+                        max_queue=args.max_queue, cors_origins=tuple(args.cors_origin), model=args.model)
+    if args.memory_limit is not None:
+        settings.memory_limit = args.memory_limit
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
+        print(f"WARNING: serving on {args.host} without an API key: anyone who can reach this "
+              "address can use the models. Set --api-key or OMNIA_API_KEY.", file=sys.stderr)
+
+    import uvicorn
+
+    from mlx_omnia.server.app import create_app
+
+    app = create_app(settings)
+    manager = app.state.omnia.manager
+    if args.model:
+        path = Path(args.model).expanduser()
+        model_id = manager.add_alias(path) if path.exists() else manager.check_id(args.model)
+        manager.default_id = model_id
+        manager.release(manager.get(model_id))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""Which models are resident: loading on demand (one load at a time), pricing a checkpoint
+against the memory budget, evicting least-recently-used idle models, unloading idle ones."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlx_omnia import Model, load
+from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.settings import Settings
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+# A model id is a name: the default, an alias given with --model PATH, or a hub repo id.
+MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
+
+Loader = Callable[[str | Path | None], Model]
+Pricer = Callable[[str | Path | None], int]
+
+
+@dataclass
+class Resident:
+    id: str
+    model: Model
+    nbytes: int
+    loaded_at: float
+    last_used: float
+    busy: int = 0
+
+
+class ModelManager:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        loader: Loader | None = None,
+        pricer: Pricer | None = None,
+    ) -> None:
+        self.settings = settings
+        # Requests load what is on disk; downloads happen only through POST /admin/models.
+        self._loader: Loader = loader or (lambda ref: load(ref, local_files_only=True))
+        self._pricer = pricer
+        self._resident: OrderedDict[str, Resident] = OrderedDict()
+        self._aliases: dict[str, Path] = {}
+        self._state = threading.Lock()  # guards _resident
+        self._loading = threading.Lock()  # one load at a time
+        self.default_id = DEFAULT_MODEL
+
+    # -- ids ---------------------------------------------------------------------------------
+    def add_alias(self, path: Path) -> str:
+        """Serve a local directory or GGUF file under its directory name or file stem."""
+        model_id = path.stem if path.is_file() else path.name
+        self._aliases[model_id] = path
+        return model_id
+
+    def aliases(self) -> dict[str, Path]:
+        return dict(self._aliases)
+
+    def check_id(self, model_id: str | None) -> str:
+        """The canonical id for a requested model name (None: the default model)."""
+        if model_id is None or model_id == "":
+            return self.default_id
+        if model_id in self._aliases or model_id.lower() == DEFAULT_MODEL:
+            return model_id.lower() if model_id.lower() == DEFAULT_MODEL else model_id
+        if not MODEL_ID.match(model_id) or ".." in model_id:
+            raise ApiError("not_found", f"model {model_id!r} is not a valid model id", "model")
+        return model_id
+
+    def _reference(self, model_id: str) -> str | Path | None:
+        if model_id == DEFAULT_MODEL:
+            return None
+        return self._aliases.get(model_id, model_id)
+
+    # -- residency ---------------------------------------------------------------------------
+    def get(self, model_id: str) -> Resident:
+        """The resident model, loading it (and evicting LRU idle models) if needed.
+        Marks it busy: call `release` when done."""
+        with self._state:
+            res = self._resident.get(model_id)
+            if res is not None:
+                res.busy += 1
+                res.last_used = time.monotonic()
+                self._resident.move_to_end(model_id)
+                return res
+        with self._loading:
+            with self._state:
+                res = self._resident.get(model_id)
+                if res is not None:
+                    res.busy += 1
+                    res.last_used = time.monotonic()
+                    return res
+            reference = self._reference(model_id)
+            self._make_room(model_id, reference)
+            model = self._loader(reference)
+            now = time.monotonic()
+            res = Resident(model_id, model, model.nbytes, now, now, busy=1)
+            with self._state:
+                self._resident[model_id] = res
+            return res
+
+    def release(self, res: Resident) -> None:
+        with self._state:
+            res.busy = max(0, res.busy - 1)
+            res.last_used = time.monotonic()
+
+    def _make_room(self, model_id: str, reference: str | Path | None) -> None:
+        need = self._pricer(reference) if self._pricer is not None else 0
+        budget = self.settings.memory_limit
+        if need > budget:
+            raise ApiError(
+                "invalid_request",
+                f"model {model_id!r} needs about {need / 2**30:.1f} GiB but the server's memory "
+                f"limit is {budget / 2**30:.1f} GiB (--memory-limit)",
+                "model",
+            )
+        with self._state:
+            used = sum(r.nbytes for r in self._resident.values())
+            for rid in list(self._resident):
+                if used + need <= budget:
+                    break
+                victim = self._resident[rid]
+                if victim.busy == 0:
+                    del self._resident[rid]
+                    used -= victim.nbytes
+            if used + need > budget:
+                raise ApiError(
+                    "overloaded",
+                    f"not enough memory to load {model_id!r} now: the resident models are busy; "
+                    "try again shortly",
+                    "model",
+                )
+
+    def unload(self, model_id: str) -> bool:
+        with self._state:
+            res = self._resident.get(model_id)
+            if res is None:
+                return False
+            if res.busy:
+                raise ApiError("invalid_request", f"model {model_id!r} is busy; try again")
+            del self._resident[model_id]
+            return True
+
+    def reap_idle(self) -> list[str]:
+        """Unload models idle for longer than --idle-ttl."""
+        cutoff = time.monotonic() - self.settings.idle_ttl
+        with self._state:
+            gone = [r.id for r in self._resident.values() if r.busy == 0 and r.last_used < cutoff]
+            for rid in gone:
+                del self._resident[rid]
+        return gone
+
+    def resident(self) -> list[Resident]:
+        with self._state:
+            return list(self._resident.values())
