@@ -5,10 +5,12 @@ imports MLX."""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlx_omnia.engine import (
+        CachedModel,
         Chat,
         ChatMessage,
         ChatTemplateError,
@@ -22,14 +24,21 @@ if TYPE_CHECKING:
         ModelNotFoundError,
         OmniaError,
         Piece,
+        PullProgress,
         Signature,
         TokenizerError,
         UnsupportedModelError,
         Usage,
+        cached_models,
+        delete_cached,
+        embedded_model,
+        estimate_memory,
         load,
+        pull,
     )
 
 __all__ = [
+    "CachedModel",
     "Chat",
     "ChatMessage",
     "ChatTemplateError",
@@ -43,17 +52,24 @@ __all__ = [
     "ModelNotFoundError",
     "OmniaError",
     "Piece",
+    "PullProgress",
     "Signature",
     "TokenizerError",
     "UnsupportedModelError",
     "Usage",
+    "cached_models",
+    "delete_cached",
+    "embedded_model",
+    "estimate_memory",
     "load",
+    "pull",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from mlx_omnia import engine
-
+        # Resolved at run time (not a static import), so siblings that use this public API
+        # depend on `mlx_omnia`, not on the engine's internals (see import-linter contracts).
+        engine = importlib.import_module("mlx_omnia.engine")
         return getattr(engine, name)
     raise AttributeError(f"module 'mlx_omnia' has no attribute {name!r}")
