@@ -7,15 +7,17 @@ quantized tensors to float32 as well, so both sides run float32 math on bit-iden
 (`test_dequantized_weights_are_identical` checks that) and differ only in the order of floating
 point operations (BLAS blocking, attention kernels, rope arithmetic).
 
-Tolerance for full-prompt logits (`LOGITS_ATOL`): over the chats below and a ~400-token prompt
-the measured max |ours - transformers| was 1e-4 to 2.3e-4 (mean ~2e-5) on logits whose
-magnitude reaches ~40, i.e. a few float32 ulps accumulated through 30 layers. We allow 1e-3:
-about 4x the worst spread seen (the 397-token prompt), yet 100x below the 0.1 error the loader had while it dequantized
-with float16 group scales (GGUF stores them in float16; MLX then computed the weights in float16),
-so the test still catches a precision regression of that kind.
+Tolerance for full-prompt logits (`LOGITS_ATOL`), measured on this machine: the max
+|ours - transformers| over every position and vocabulary entry was 9.7e-5 to 1.2e-4 for the five
+chats below (32-78 tokens), 1.3e-4 / 1.4e-4 / 2.3e-4 for 167- / 213- / 397-token prompts (mean
+~2e-5 throughout; the test checks the 37-token chat and the 167-token prompt), on logits whose magnitude reaches ~44: a few float32 ulps accumulated through 30
+layers, growing slowly with length. We allow 1e-3, about 4x the worst spread seen, yet 100x below
+the 0.1 error the loader had while it dequantized with float16 group scales (GGUF stores Q4_1
+scales and mins in float16, and MLX expanded the weights in float16), so the test still catches a
+precision regression of that kind. Greedy answers must agree token for token.
 
-Transformers' model is loaded once per module (~15 s); the file runs in about a minute on two
-CPU cores.
+transformers' model is loaded once per module (~15 s). The file takes ~2 minutes on two idle CPU
+cores, most of it in our prefill: MLX's CPU matmul (0.32, Linux) runs far below numpy's BLAS.
 """
 
 from __future__ import annotations
@@ -199,14 +201,14 @@ def _long_prompt(smollm2: Model) -> list[int]:
     )
     chat: tuple[ChatMessage, ...] = (
         {"role": "system", "content": "You summarize stories in one sentence."},
-        {"role": "user", "content": story * 8 + "\nSummarize the story."},
+        {"role": "user", "content": story * 3 + "\nSummarize the story."},
     )
     return smollm2.encode(Chat(chat))
 
 
 def test_full_prompt_logits_match(smollm2: Model, hf_model: Any) -> None:
-    prompts = [smollm2.encode(Chat(CHATS["multi-turn"])), _long_prompt(smollm2)]
-    assert len(prompts[-1]) > 300
+    prompts = [smollm2.encode(Chat(CHATS["capital"])), _long_prompt(smollm2)]
+    assert len(prompts[-1]) > 150
     for prompt in prompts:
         ours = np.array(smollm2.logits(prompt))
         theirs = hf_logits(hf_model, prompt)

@@ -18,6 +18,15 @@ from mlx_omnia.engine.errors import (
     UnsupportedModelError,
 )
 from mlx_omnia.engine.loading import load
+from mlx_omnia.engine.loading.cache import (
+    CachedModel,
+    PullProgress,
+    cached_models,
+    delete_cached,
+    embedded_model,
+    estimate_memory,
+    pull,
+)
 from mlx_omnia.engine.model import Model
 from mlx_omnia.engine.types import (
     Chat,
@@ -30,6 +39,7 @@ from mlx_omnia.engine.types import (
 )
 
 __all__ = [
+    "CachedModel",
     "Chat",
     "ChatMessage",
     "ChatTemplateError",
@@ -43,9 +53,15 @@ __all__ = [
     "ModelNotFoundError",
     "OmniaError",
     "Piece",
+    "PullProgress",
     "Signature",
     "TokenizerError",
     "UnsupportedModelError",
     "Usage",
+    "cached_models",
+    "delete_cached",
+    "embedded_model",
+    "estimate_memory",
     "load",
+    "pull",
 ]

@@ -194,7 +194,10 @@ class Model:
             if text:
                 yield Piece(text, tuple(pending))
                 pending = []
-        yield Piece(tail, tuple(pending), finish_reason=finish, usage=Usage(len(prompt), count))
+        yield Piece(
+            tail, tuple(pending), finish_reason=finish, usage=Usage(len(prompt), count),
+            stop_sequence=stops.matched,
+        )
 
     def _context_limit(self, options: GenerationOptions) -> int:
         limit = self.signature.context_length

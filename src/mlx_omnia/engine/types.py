@@ -78,6 +78,7 @@ class Piece:
     channel: Literal["content"] = "content"
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    stop_sequence: str | None = None  # on the last piece: the stop string that ended it, if any
 
 
 @dataclass(frozen=True)

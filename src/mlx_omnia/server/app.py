@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -14,10 +14,12 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlx_omnia import OmniaError
-from mlx_omnia.server.dialects import openai
+from mlx_omnia.server import admin
+from mlx_omnia.server.dialects import anthropic, gemini, openai
 from mlx_omnia.server.dialects.errors import dialect_of, error_response, from_engine
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.manager import ModelManager
+from mlx_omnia.server.metrics import Metrics
 from mlx_omnia.server.scheduler import Scheduler
 from mlx_omnia.server.settings import Settings
 from mlx_omnia.server.state import ServerState
@@ -40,10 +42,14 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
     manager = manager or ModelManager(settings)
     scheduler = Scheduler(manager, max_queue=settings.max_queue)
     state = ServerState(settings, manager, scheduler)
+    metrics = Metrics(manager)
+    metrics.attach(scheduler)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
+        reaper = admin.start_reaper(state)
         yield
+        reaper.cancel()
         scheduler.stop()
 
     app = FastAPI(title="mlx-omnia", lifespan=lifespan)
@@ -84,7 +90,7 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
-        first = errors[0] if errors else {}
+        first: dict[str, Any] = errors[0] if errors else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
@@ -107,9 +113,9 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
             dialect_of(request.url.path), ApiError("invalid_request", "the request body is not valid JSON")
         )
 
-    @app.get("/admin/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
+    metrics.install(app)  # after the guard: outermost, so refusals are counted too
+    app.include_router(admin.router)
     app.include_router(openai.router, prefix="/api/openai/v1")
+    app.include_router(anthropic.router, prefix="/api/anthropic/v1")
+    app.include_router(gemini.router, prefix="/api/gemini/v1beta")
     return app

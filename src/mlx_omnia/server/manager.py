@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_omnia import Model, load
+from mlx_omnia import Model, OmniaError, estimate_memory, load
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.settings import Settings
 
@@ -21,6 +21,15 @@ MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_
 
 Loader = Callable[[str | Path | None], Model]
 Pricer = Callable[[str | Path | None], int]
+
+
+def _estimate(reference: str | Path | None) -> int:
+    """The engine's estimate from file headers; 0 when it cannot price the checkpoint (the load
+    that follows reports why with its own typed error)."""
+    try:
+        return estimate_memory(reference)
+    except OmniaError:
+        return 0
 
 
 @dataclass
@@ -44,7 +53,7 @@ class ModelManager:
         self.settings = settings
         # Requests load what is on disk; downloads happen only through POST /admin/models.
         self._loader: Loader = loader or (lambda ref: load(ref, local_files_only=True))
-        self._pricer = pricer
+        self._pricer: Pricer = pricer or _estimate
         self._resident: OrderedDict[str, Resident] = OrderedDict()
         self._aliases: dict[str, Path] = {}
         self._state = threading.Lock()  # guards _resident
@@ -109,7 +118,7 @@ class ModelManager:
             res.last_used = time.monotonic()
 
     def _make_room(self, model_id: str, reference: str | Path | None) -> None:
-        need = self._pricer(reference) if self._pricer is not None else 0
+        need = self._pricer(reference)
         budget = self.settings.memory_limit
         if need > budget:
             raise ApiError(
@@ -157,3 +166,17 @@ class ModelManager:
     def resident(self) -> list[Resident]:
         with self._state:
             return list(self._resident.values())
+
+    def is_resident(self, model_id: str) -> bool:
+        with self._state:
+            return model_id in self._resident
+
+    def memory_used(self) -> int:
+        """Bytes held by the resident models' weights."""
+        with self._state:
+            return sum(r.nbytes for r in self._resident.values())
+
+    def reference(self, model_id: str) -> str | Path | None:
+        """What `load` is given for a canonical id: None (the default), an alias's path or the
+        repo id."""
+        return self._reference(model_id)

@@ -9,8 +9,9 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from mlx_omnia import Chat, GenerationOptions, OmniaError, Piece
 from mlx_omnia.server.errors import ApiError
@@ -30,9 +31,22 @@ class Job:
 
 
 _DONE = object()
+T = TypeVar("T")
+
+
+@dataclass
+class _Call:
+    """Work for the engine thread that is not a generation (loading a model): it runs before the
+    next queued job and does not count against max_queue."""
+
+    fn: Callable[[], Any]
+    future: Future[Any]
+
 
 # Called with (job, piece) for every piece produced, on the engine thread (metrics hook).
 PieceHook = Callable[[Job, Piece], None]
+# Called with each job once it has left the engine (finished, failed or cancelled).
+EndHook = Callable[[Job], None]
 
 
 class Scheduler:
@@ -40,9 +54,11 @@ class Scheduler:
         self.manager = manager
         self.max_queue = max_queue
         self._queues: OrderedDict[str, deque[Job]] = OrderedDict()
+        self._calls: deque[_Call] = deque()
         self._cv = threading.Condition()
         self._stopping = False
-        self._on_piece = on_piece
+        self.on_piece = on_piece
+        self.on_end: EndHook | None = None
         self.running: Job | None = None
         self._thread = threading.Thread(target=self._work, name="omnia-engine", daemon=True)
         self._thread.start()
@@ -84,10 +100,22 @@ class Scheduler:
     async def run(self, job: Job) -> list[Piece]:
         return [piece async for piece in self.stream(job)]
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the engine thread (all MLX work happens there) and return its result."""
+        future: Future[T] = Future()
+        with self._cv:
+            if self._stopping:
+                raise ApiError("overloaded", "the server is shutting down")
+            self._calls.append(_Call(fn, future))
+            self._cv.notify()
+        return await asyncio.wrap_future(future)
+
     # -- engine thread -------------------------------------------------------------------------
-    def _next(self) -> Job | None:
+    def _next(self) -> Job | _Call | None:
         with self._cv:
             while not self._stopping:
+                if self._calls:
+                    return self._calls.popleft()
                 for model_id in list(self._queues):
                     queue = self._queues[model_id]
                     if queue:
@@ -99,10 +127,20 @@ class Scheduler:
             return None
 
     def _emit(self, job: Job, item: Any) -> None:
-        job.loop.call_soon_threadsafe(job.out.put_nowait, item)
+        try:
+            job.loop.call_soon_threadsafe(job.out.put_nowait, item)
+        except RuntimeError:  # the event loop is closed (server stopping): nobody is listening
+            job.cancelled.set()
 
     def _work(self) -> None:
         while (job := self._next()) is not None:
+            if isinstance(job, _Call):
+                if job.future.set_running_or_notify_cancel():
+                    try:
+                        job.future.set_result(job.fn())
+                    except BaseException as e:  # handed to the awaiting request
+                        job.future.set_exception(e)
+                continue
             if job.cancelled.is_set():
                 self._emit(job, _DONE)
                 continue
@@ -119,6 +157,8 @@ class Scheduler:
                 self._emit(job, _DONE)
             finally:
                 self.running = None
+                if self.on_end is not None:
+                    self.on_end(job)
 
     def _run(self, job: Job) -> None:
         res = self.manager.get(job.model_id)
@@ -127,8 +167,8 @@ class Scheduler:
             for piece in pieces:
                 if job.first_token_at is None:
                     job.first_token_at = time.monotonic()
-                if self._on_piece is not None:
-                    self._on_piece(job, piece)
+                if self.on_piece is not None:
+                    self.on_piece(job, piece)
                 self._emit(job, piece)
                 if job.cancelled.is_set():
                     break

@@ -11,14 +11,16 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(s for s in stops if s)
         self._buffer = ""
+        self.matched: str | None = None  # the stop string that was hit, once one is
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Add text; returns (text safe to emit, whether a stop string was hit)."""
         if not self.stops:
             return text, False
         self._buffer += text
-        hit = min((i for s in self.stops if (i := self._buffer.find(s)) >= 0), default=-1)
-        if hit >= 0:
+        found = [(i, n, s) for n, s in enumerate(self.stops) if (i := self._buffer.find(s)) >= 0]
+        if found:
+            hit, _, self.matched = min(found)
             out, self._buffer = self._buffer[:hit], ""
             return out, True
         hold = self._held_suffix()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mlx_omnia.engine.errors import CheckpointError, DownloadError, ModelNotFoundError
+from mlx_omnia.engine.errors import CheckpointError, DownloadError, ModelNotFoundError, OmniaError
 
 # Only what loading reads: configs, tokenizer, templates and safetensors weights.
 ALLOW_PATTERNS = [
@@ -40,7 +40,7 @@ def _valid_revision(revision: str) -> bool:
     )
 
 
-def _check_names(repo_id: str, revision: str | None) -> None:
+def check_names(repo_id: str, revision: str | None) -> None:
     if not _REPO_ID.match(repo_id) or ".." in repo_id:
         raise ModelNotFoundError(
             f"{repo_id!r} is not a hub repo id; write it as owner/name (letters, digits, '-', "
@@ -73,19 +73,10 @@ def _cache_dir() -> str:
 def download(repo_id: str, *, revision: str | None = None, local_files_only: bool = False) -> Path:
     """Fetch (or find in the cache) the files of `repo_id` needed to load it and return the
     snapshot directory (HF_HUB_CACHE/models--owner--name/snapshots/<commit>)."""
-    _check_names(repo_id, revision)
+    check_names(repo_id, revision)
     # (its user_agent parameter is an untyped dict, hence the ignore)
     from huggingface_hub import snapshot_download  # pyright: ignore[reportUnknownVariableType]
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HFValidationError,
-        IncompleteSnapshotError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
-    at = f" at revision {revision!r}" if revision else ""
     try:
         path = Path(
             snapshot_download(
@@ -95,49 +86,67 @@ def download(repo_id: str, *, revision: str | None = None, local_files_only: boo
                 local_files_only=local_files_only,
             )
         )
-    except GatedRepoError as e:
-        raise ModelNotFoundError(
-            f"hub repo {repo_id!r} is gated: accept its terms on {_endpoint()}/{repo_id} and set "
-            "HF_TOKEN to a token of that account"
-        ) from e
-    except RepositoryNotFoundError as e:
-        raise ModelNotFoundError(
-            f"hub repo {repo_id!r} was not found on {_endpoint()}; check the spelling "
-            "(owner/name), or set HF_TOKEN if it is private"
-        ) from e
-    except RevisionNotFoundError as e:
-        raise ModelNotFoundError(
-            f"hub repo {repo_id!r} has no revision {revision!r}; pass an existing branch, tag or "
-            "commit hash"
-        ) from e
-    except IncompleteSnapshotError as e:
-        raise DownloadError(
-            f"the cached download of {repo_id!r}{at} is incomplete and the hub cannot be used "
-            f"now ({e.__class__.__name__}); run again with network access (and without "
-            "local_files_only / HF_HUB_OFFLINE) to finish it"
-        ) from e
-    except LocalEntryNotFoundError as e:
-        if local_files_only or _is_offline():
-            raise ModelNotFoundError(
-                f"{repo_id!r}{at} is not in the local HF cache ({_cache_dir()}) and downloads are "
-                "off (local_files_only=True or HF_HUB_OFFLINE=1); download it once online first"
-            ) from e
-        raise DownloadError(
-            f"could not reach the hub at {_endpoint()} to download {repo_id!r}{at}, and it is "
-            "not in the local HF cache; check the network (and HF_ENDPOINT) and try again"
-        ) from e
-    except HFValidationError as e:
-        raise ModelNotFoundError(f"{repo_id!r} is not a valid hub repo id: {e}") from e
     except Exception as e:
-        detail = " ".join(str(e).split())  # huggingface_hub's messages span several lines
-        raise DownloadError(
-            f"downloading {repo_id!r}{at} from {_endpoint()} failed ({e.__class__.__name__}: "
-            f"{detail}); run the same load again: files already complete are kept in the HF cache "
-            "and are not fetched twice"
-        ) from e
+        raise hub_error(e, repo_id, revision, local_files_only=local_files_only) from e
     _check_snapshot(repo_id, path)
     return path
 
+
+def hub_error(
+    e: Exception, repo_id: str, revision: str | None, *, local_files_only: bool
+) -> OmniaError:
+    """The engine's typed error for an exception raised by huggingface_hub."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if isinstance(e, OmniaError):
+        return e
+    at = f" at revision {revision!r}" if revision else ""
+    if isinstance(e, GatedRepoError):
+        return ModelNotFoundError(
+            f"hub repo {repo_id!r} is gated: accept its terms on {_endpoint()}/{repo_id} and set "
+            "HF_TOKEN to a token of that account"
+        )
+    if isinstance(e, RepositoryNotFoundError):
+        return ModelNotFoundError(
+            f"hub repo {repo_id!r} was not found on {_endpoint()}; check the spelling "
+            "(owner/name), or set HF_TOKEN if it is private"
+        )
+    if isinstance(e, RevisionNotFoundError):
+        return ModelNotFoundError(
+            f"hub repo {repo_id!r} has no revision {revision!r}; pass an existing branch, tag or "
+            "commit hash"
+        )
+    if isinstance(e, IncompleteSnapshotError):
+        return DownloadError(
+            f"the cached download of {repo_id!r}{at} is incomplete and the hub cannot be used "
+            f"now ({e.__class__.__name__}); run again with network access (and without "
+            "local_files_only / HF_HUB_OFFLINE) to finish it"
+        )
+    if isinstance(e, LocalEntryNotFoundError):
+        if local_files_only or _is_offline():
+            return ModelNotFoundError(
+                f"{repo_id!r}{at} is not in the local HF cache ({_cache_dir()}) and downloads are "
+                "off (local_files_only=True or HF_HUB_OFFLINE=1); download it once online first"
+            )
+        return DownloadError(
+            f"could not reach the hub at {_endpoint()} to download {repo_id!r}{at}, and it is "
+            "not in the local HF cache; check the network (and HF_ENDPOINT) and try again"
+        )
+    if isinstance(e, HFValidationError):
+        return ModelNotFoundError(f"{repo_id!r} is not a valid hub repo id: {e}")
+    detail = " ".join(str(e).split())  # huggingface_hub's messages span several lines
+    return DownloadError(
+        f"downloading {repo_id!r}{at} from {_endpoint()} failed ({e.__class__.__name__}: "
+        f"{detail}); run the same load again: files already complete are kept in the HF cache "
+        "and are not fetched twice"
+    )
 
 def _check_snapshot(repo_id: str, path: Path) -> None:
     """The repo must hold an HF-format checkpoint: config.json and safetensors weights."""

@@ -1,110 +1,162 @@
-"""OpenAI dialect, under /api/openai/v1."""
+"""OpenAI dialect, under /api/openai/v1: chat completions, legacy completions, responses, models."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from mlx_omnia import Chat, ChatMessage, GenerationOptions, OmniaError
+from mlx_omnia import (
+    Chat,
+    ChatMessage,
+    ContextLengthError,
+    GenerationOptions,
+    OmniaError,
+    Piece,
+)
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import new_id, now, refuse_unknown, sse
 from mlx_omnia.server.dialects.errors import error_body, from_engine
 from mlx_omnia.server.errors import ApiError
-from mlx_omnia.server.state import state_of
+from mlx_omnia.server.scheduler import Job
+from mlx_omnia.server.state import ServerState, state_of
 
 router = APIRouter()
 
 # Fields accepted and ignored because they cannot change the output.
-HARMLESS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-            "safety_identifier")
+HARMLESS = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+)
+RESPONSES_HARMLESS = (*HARMLESS, "stream_options", "max_tool_calls", "background_options")
+
+# Legacy completions answer at most this many tokens when max_tokens is not given (as OpenAI's do).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+def _refuse_unknown(body: BaseModel, harmless: tuple[str, ...]) -> None:
+    """Unknown fields sent as null cannot change the output; any other one is refused by name."""
+    nulls = tuple(name for name, value in (body.model_extra or {}).items() if value is None)
+    refuse_unknown(body, (*harmless, *nulls))
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool | None = False
+    include_obfuscation: StrictBool | None = None  # harmless: only pads stream events
 
 
-class ChatCompletionRequest(Body):
-    model: str
-    messages: list[dict[str, Any]]
-    stream: bool = False
+class Sampling(Body):
+    """Fields shared by chat and legacy completions."""
+
+    model: StrictStr
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    n: int | None = None
-    logprobs: bool | None = None
+    max_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+    n: StrictInt | None = None
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    modalities: list[StrictStr] | None = None
 
 
-def _text(content: Any, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:  # pyright: ignore[reportUnknownVariableType]
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):  # pyright: ignore[reportUnknownMemberType]
-                parts.append(part["text"])  # pyright: ignore[reportUnknownArgumentType]
-            else:
-                raise ApiError(
-                    "invalid_request", f"{where}: only text content parts are supported by this model", where
-                )
-        return "\n".join(parts)
-    raise ApiError("invalid_request", f"{where} must be a string or a list of text parts", where)
+class CompletionRequest(Sampling):
+    prompt: StrictStr | list[Any]
+    echo: StrictBool | None = None
+    suffix: StrictStr | None = None
+    logprobs: StrictInt | None = None
+    best_of: StrictInt | None = None
 
 
-ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
-    "system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
-}
+class ResponsesRequest(Body):
+    model: StrictStr | None = None
+    input: StrictStr | list[Any]
+    instructions: StrictStr | None = None
+    max_output_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    stream: StrictBool | None = False
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    previous_response_id: StrictStr | None = None
+    conversation: Any = None
+    prompt: Any = None
+    include: list[Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    truncation: StrictStr | None = None
+    background: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
 
 
-def chat_of(messages: list[dict[str, Any]]) -> Chat:
-    if not messages:
-        raise ApiError("invalid_request", "messages must not be empty", "messages")
-    out: list[ChatMessage] = []
-    for i, m in enumerate(messages):
-        role = ROLES.get(str(m.get("role")))
-        if role is None:
-            raise ApiError("invalid_request", f"messages[{i}].role {m.get('role')!r} is not valid", f"messages[{i}].role")
-        if m.get("tool_calls") or role == "tool":
-            raise ApiError("invalid_request", "tool calls are not supported yet", f"messages[{i}]")
-        out.append({"role": role, "content": _text(m.get("content"), f"messages[{i}].content")})
-    return Chat(tuple(out))
+# -- validation shared by the routes ---------------------------------------------------------
+def _ranges(temperature: float | None, top_p: float | None) -> None:
+    if temperature is not None and not 0.0 <= temperature <= 2.0:
+        raise ApiError("invalid_request", "temperature must be between 0 and 2", "temperature")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ApiError("invalid_request", "top_p must be greater than 0 and at most 1", "top_p")
 
 
-def options_of(body: ChatCompletionRequest) -> GenerationOptions:
+def _max_tokens(value: int | None, field: str) -> int | None:
+    if value is not None and value < 1:
+        raise ApiError("invalid_request", f"{field} must be at least 1", field)
+    return value
+
+
+def _sampling_options(body: Sampling, max_tokens: int | None, max_field: str) -> GenerationOptions:
     if body.n not in (None, 1):
         raise ApiError("invalid_request", "only n=1 is supported", "n")
-    if body.logprobs:
-        raise ApiError("invalid_request", "logprobs are not supported yet", "logprobs")
-    if body.tools:
-        raise ApiError("invalid_request", "tools are not supported yet", "tools")
-    if body.response_format and body.response_format.get("type") not in (None, "text"):
-        raise ApiError("invalid_request", "only response_format type 'text' is supported", "response_format")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(
+            "invalid_request",
+            "stream_options is only allowed when stream is true",
+            "stream_options",
+        )
+    _ranges(body.temperature, body.top_p)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise ApiError("invalid_request", f"{name} must be between -2 and 2", name)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > 4:
         raise ApiError("invalid_request", "at most 4 stop sequences", "stop")
+    if any(s == "" for s in stop):
+        raise ApiError("invalid_request", "stop sequences must not be empty", "stop")
     bias: dict[int, float] = {}
     for key, value in (body.logit_bias or {}).items():
-        if not key.lstrip("-").isdigit():
-            raise ApiError("invalid_request", f"logit_bias key {key!r} is not a token id", "logit_bias")
-        bias[int(key)] = max(-100.0, min(100.0, value))
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        if not key.isdigit():
+            raise ApiError(
+                "invalid_request", f"logit_bias key {key!r} is not a token id", "logit_bias"
+            )
+        if not -100.0 <= value <= 100.0:
+            raise ApiError(
+                "invalid_request", f"logit_bias[{key}] must be between -100 and 100", "logit_bias"
+            )
+        bias[int(key)] = value
     return GenerationOptions(
-        max_tokens=max_tokens,
+        max_tokens=_max_tokens(max_tokens, max_field),
         temperature=body.temperature,
         top_p=body.top_p,
         stop=stop,
@@ -115,82 +167,580 @@ def options_of(body: ChatCompletionRequest) -> GenerationOptions:
     )
 
 
+def _engine_error(error: OmniaError, input_field: str) -> ApiError:
+    err = from_engine(error)
+    if isinstance(error, ContextLengthError):
+        err.param = input_field
+    return err
+
+
+async def _generate(state: ServerState, job: Job, input_field: str) -> list[Piece]:
+    try:
+        return await state.scheduler.run(job)
+    except OmniaError as e:
+        raise _engine_error(e, input_field) from e
+
+
+async def _open(
+    state: ServerState, job: Job, input_field: str
+) -> tuple[Piece | None, AsyncIterator[Piece]]:
+    """Start a stream and wait for its first piece, so that model, input and option errors answer
+    with a status instead of a broken stream."""
+    stream = state.scheduler.stream(job)
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        return None, stream
+    except OmniaError as e:
+        raise _engine_error(e, input_field) from e
+    return first, stream
+
+
+async def _pieces(first: Piece | None, stream: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
+    piece = first
+    while piece is not None:
+        yield piece
+        piece = await anext(stream, None)
+
+
+def _stream_error(error: Exception, input_field: str) -> ApiError:
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, OmniaError):
+        return _engine_error(error, input_field)
+    return ApiError("internal", f"generation failed: {error}")
+
+
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
 
 
+# -- chat completions ------------------------------------------------------------------------
+def _as_dict(value: object) -> dict[str, Any] | None:
+    return cast("dict[str, Any]", value) if isinstance(value, dict) else None
+
+
+def _parts(content: object, where: str) -> list[dict[str, Any] | None]:
+    if not isinstance(content, list):
+        raise ApiError(
+            "invalid_request", f"{where} must be a string or a list of content parts", where
+        )
+    return [_as_dict(part) for part in cast("list[object]", content)]
+
+
+def _refuse_part(part: dict[str, Any] | None, where: str, allowed: str) -> ApiError:
+    kind = part.get("type") if part is not None else None
+    return ApiError(
+        "invalid_request",
+        f"{where}: content part {kind!r} is not supported by this model ({allowed} only)",
+        where,
+    )
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(_parts(content, where)):
+        text = part.get("text") if part is not None and part.get("type") == "text" else None
+        if not isinstance(text, str):
+            raise _refuse_part(part, f"{where}[{j}]", "text parts")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+
+
+def chat_of(messages: list[dict[str, Any]]) -> Chat:
+    if not messages:
+        raise ApiError("invalid_request", "messages must not be empty", "messages")
+    out: list[ChatMessage] = []
+    for i, m in enumerate(messages):
+        role = ROLES.get(str(m.get("role")))
+        if role is None:
+            raise ApiError(
+                "invalid_request",
+                f"messages[{i}].role {m.get('role')!r} is not valid",
+                f"messages[{i}].role",
+            )
+        if m.get("tool_calls") or m.get("function_call") or role == "tool":
+            raise ApiError("invalid_request", "tool calls are not supported yet", f"messages[{i}]")
+        if m.get("audio"):
+            raise ApiError(
+                "invalid_request", "audio is not supported by this model", f"messages[{i}].audio"
+            )
+        out.append({"role": role, "content": _text(m.get("content"), f"messages[{i}].content")})
+    return Chat(tuple(out))
+
+
+def options_of(body: ChatCompletionRequest) -> GenerationOptions:
+    if body.logprobs or body.top_logprobs:
+        field = "logprobs" if body.logprobs else "top_logprobs"
+        raise ApiError("invalid_request", "logprobs are not supported yet", field)
+    if body.tools:
+        raise ApiError("invalid_request", "tools are not supported yet", "tools")
+    if body.tool_choice not in (None, "none", "auto"):
+        raise ApiError(
+            "invalid_request", "tool_choice needs tools, which are not supported yet", "tool_choice"
+        )
+    if body.response_format and body.response_format.get("type") not in (None, "text"):
+        raise ApiError(
+            "invalid_request", "only response_format type 'text' is supported", "response_format"
+        )
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise ApiError("invalid_request", "only the text modality is supported", "modalities")
+    if body.max_completion_tokens is not None:
+        return _sampling_options(body, body.max_completion_tokens, "max_completion_tokens")
+    return _sampling_options(body, body.max_tokens, "max_tokens")
+
+
 @router.post("/chat/completions", response_model=None)
-async def chat_completions(request: Request, body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
-    refuse_unknown(body, HARMLESS)
+async def chat_completions(
+    request: Request, body: ChatCompletionRequest
+) -> JSONResponse | StreamingResponse:
+    _refuse_unknown(body, HARMLESS)
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
     job = state.job(model_id, chat_of(body.messages), options_of(body))
     cid, created = new_id("chatcmpl-"), now()
     if not body.stream:
-        pieces = await state.scheduler.run(job)
+        pieces = await _generate(state, job, "messages")
         last = pieces[-1]
         usage = last.usage
         assert usage is not None
-        return JSONResponse({
-            "id": cid, "object": "chat.completion", "created": created, "model": model_id,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": "".join(p.text for p in pieces), "refusal": None},
-                "finish_reason": last.finish_reason, "logprobs": None,
-            }],
-            "usage": _usage(usage.prompt_tokens, usage.completion_tokens),
-        })
+        return JSONResponse(
+            {
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model_id,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": "".join(p.text for p in pieces),
+                            "refusal": None,
+                        },
+                        "finish_reason": last.finish_reason,
+                        "logprobs": None,
+                    }
+                ],
+                "usage": _usage(usage.prompt_tokens, usage.completion_tokens),
+            }
+        )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    stream = state.scheduler.stream(job)
-    # Start now so that model and option errors answer with a status, not a broken stream.
-    first = await _first(stream)
+    first, stream = await _open(state, job, "messages")
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model_id,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
 
     async def events() -> AsyncIterator[str]:
-        def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-
         yield sse(chunk({"role": "assistant", "content": ""}, None))
-        piece = first
         try:
-            while piece is not None:
+            async for piece in _pieces(first, stream):
                 if piece.text:
                     yield sse(chunk({"content": piece.text}, None))
                 if piece.finish_reason is not None:
                     yield sse(chunk({}, piece.finish_reason))
                     if include_usage and piece.usage is not None:
-                        yield sse({"id": cid, "object": "chat.completion.chunk", "created": created,
-                                   "model": model_id, "choices": [],
-                                   "usage": _usage(piece.usage.prompt_tokens, piece.usage.completion_tokens)})
-                piece = await anext(stream, None)
-        except (ApiError, OmniaError) as e:
-            err = e if isinstance(e, ApiError) else from_engine(e)
-            yield sse(error_body("openai", err))
+                        yield sse(
+                            {
+                                "id": cid,
+                                "object": "chat.completion.chunk",
+                                "created": created,
+                                "model": model_id,
+                                "choices": [],
+                                "usage": _usage(
+                                    piece.usage.prompt_tokens, piece.usage.completion_tokens
+                                ),
+                            }
+                        )
+        except Exception as e:
+            yield sse(error_body("openai", _stream_error(e, "messages")))
         finally:
-            await stream.aclose()
+            await _close(stream)
         yield sse("[DONE]")
 
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-async def _first(stream: AsyncIterator[Any]) -> Any:
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        return None
+async def _close(stream: AsyncIterator[Piece]) -> None:
+    aclose: Callable[[], Any] | None = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+# -- legacy completions ----------------------------------------------------------------------
+def _prompt_of(prompt: str | list[Any]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if len(prompt) != 1:
+        raise ApiError(
+            "invalid_request", "prompt must be a string or a list of exactly one string", "prompt"
+        )
+    raise ApiError("invalid_request", "prompt as token ids is not supported; send text", "prompt")
+
+
+def _completion_options(body: CompletionRequest) -> GenerationOptions:
+    if body.echo:
+        raise ApiError("invalid_request", "echo=true is not supported", "echo")
+    if body.suffix is not None:
+        raise ApiError("invalid_request", "suffix is not supported", "suffix")
+    if body.logprobs is not None:
+        raise ApiError("invalid_request", "logprobs are not supported yet", "logprobs")
+    if body.best_of not in (None, 1):
+        raise ApiError("invalid_request", "only best_of=1 is supported", "best_of")
+    max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    return _sampling_options(body, max_tokens, "max_tokens")
+
+
+@router.post("/completions", response_model=None)
+async def completions(
+    request: Request, body: CompletionRequest
+) -> JSONResponse | StreamingResponse:
+    _refuse_unknown(body, HARMLESS)
+    state = state_of(request)
+    model_id = state.manager.check_id(body.model)
+    job = state.job(model_id, _prompt_of(body.prompt), _completion_options(body))
+    cid, created = new_id("cmpl-"), now()
+
+    def completion(text: str, finish: str | None) -> dict[str, Any]:
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": model_id,
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+        }
+
+    if not body.stream:
+        pieces = await _generate(state, job, "prompt")
+        last = pieces[-1]
+        assert last.usage is not None
+        out = completion("".join(p.text for p in pieces), last.finish_reason)
+        out["usage"] = _usage(last.usage.prompt_tokens, last.usage.completion_tokens)
+        return JSONResponse(out)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    first, stream = await _open(state, job, "prompt")
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for piece in _pieces(first, stream):
+                if piece.text:
+                    yield sse(completion(piece.text, None))
+                if piece.finish_reason is not None:
+                    yield sse(completion("", piece.finish_reason))
+                    if include_usage and piece.usage is not None:
+                        tail = completion("", None)
+                        tail["choices"] = []
+                        tail["usage"] = _usage(
+                            piece.usage.prompt_tokens, piece.usage.completion_tokens
+                        )
+                        yield sse(tail)
+        except Exception as e:
+            yield sse(error_body("openai", _stream_error(e, "prompt")))
+        finally:
+            await _close(stream)
+        yield sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# -- responses -------------------------------------------------------------------------------
+RESPONSE_ROLES: dict[str, Literal["system", "user", "assistant"]] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+
+
+def _item_text(content: Any, role: str, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    allowed = ("output_text", "refusal") if role == "assistant" else ("input_text",)
+    texts: list[str] = []
+    for j, part in enumerate(_parts(content, where)):
+        kind = part.get("type") if part is not None else None
+        text = part.get("refusal" if kind == "refusal" else "text") if part is not None else None
+        if kind not in allowed or not isinstance(text, str):
+            raise _refuse_part(part, f"{where}[{j}]", " or ".join(allowed))
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _responses_chat(body: ResponsesRequest) -> Chat:
+    messages: list[ChatMessage] = []
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        messages.append({"role": "user", "content": body.input})
+        return Chat(tuple(messages))
+    if not body.input:
+        raise ApiError("invalid_request", "input must not be empty", "input")
+    for i, raw in enumerate(body.input):
+        where = f"input[{i}]"
+        item = _as_dict(raw)
+        if item is None:
+            raise ApiError("invalid_request", f"{where} must be an object", where)
+        kind = item.get("type", "message")
+        if kind != "message":
+            raise ApiError(
+                "invalid_request",
+                f"{where}: item type {kind!r} is not supported (messages only)",
+                where,
+            )
+        role = RESPONSE_ROLES.get(str(item.get("role")))
+        if role is None:
+            raise ApiError(
+                "invalid_request",
+                f"{where}.role {item.get('role')!r} is not valid",
+                f"{where}.role",
+            )
+        messages.append(
+            {"role": role, "content": _item_text(item.get("content"), role, f"{where}.content")}
+        )
+    return Chat(tuple(messages))
+
+
+def _responses_options(body: ResponsesRequest) -> GenerationOptions:
+    if body.tools:
+        raise ApiError("invalid_request", "tools are not supported yet", "tools")
+    if body.tool_choice not in (None, "none", "auto"):
+        raise ApiError(
+            "invalid_request", "tool_choice needs tools, which are not supported yet", "tool_choice"
+        )
+    if body.previous_response_id is not None:
+        raise ApiError(
+            "invalid_request",
+            "previous_response_id is not supported: this server stores no responses; send the "
+            "whole conversation in input",
+            "previous_response_id",
+        )
+    if body.conversation is not None:
+        raise ApiError(
+            "invalid_request",
+            "conversations are not supported: send the whole conversation in input",
+            "conversation",
+        )
+    if body.prompt is not None:
+        raise ApiError("invalid_request", "stored prompts are not supported", "prompt")
+    if body.include:
+        raise ApiError("invalid_request", "include is not supported", "include")
+    if body.reasoning and any(v is not None for v in body.reasoning.values()):
+        raise ApiError(
+            "invalid_request", "reasoning options are not supported by this model", "reasoning"
+        )
+    if body.text:
+        fmt = body.text.get("format")
+        if fmt is not None and (_as_dict(fmt) or {}).get("type") != "text":
+            raise ApiError(
+                "invalid_request", "only text.format type 'text' is supported", "text.format"
+            )
+        if body.text.get("verbosity") is not None:
+            raise ApiError("invalid_request", "text.verbosity is not supported", "text.verbosity")
+        for key in body.text:
+            if key not in ("format", "verbosity"):
+                raise ApiError("invalid_request", f"text.{key} is not supported", f"text.{key}")
+    if body.truncation not in (None, "disabled"):
+        raise ApiError("invalid_request", "only truncation 'disabled' is supported", "truncation")
+    if body.background:
+        raise ApiError("invalid_request", "background responses are not supported", "background")
+    if body.top_logprobs:
+        raise ApiError("invalid_request", "logprobs are not supported yet", "top_logprobs")
+    _ranges(body.temperature, body.top_p)
+    return GenerationOptions(
+        max_tokens=_max_tokens(body.max_output_tokens, "max_output_tokens"),
+        temperature=body.temperature,
+        top_p=body.top_p,
+    )
+
+
+class _ResponseShape:
+    """Builds the Response object and its output message as generation goes."""
+
+    def __init__(self, body: ResponsesRequest, model_id: str) -> None:
+        self.body = body
+        self.model_id = model_id
+        self.id = new_id("resp_")
+        self.item_id = new_id("msg_")
+        self.created = now()
+
+    def part(self, text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def item(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.item_id,
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": content,
+        }
+
+    def response(
+        self, status: str, output: list[dict[str, Any]], piece: Piece | None = None
+    ) -> dict[str, Any]:
+        b = self.body
+        usage = None
+        incomplete = None
+        completed_at = None
+        if piece is not None and piece.usage is not None:
+            u = piece.usage
+            usage = {
+                "input_tokens": u.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens": u.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+            }
+            if piece.finish_reason == "length":
+                incomplete = {"reason": "max_output_tokens"}
+            else:
+                completed_at = now()
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "completed_at": completed_at,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": b.instructions,
+            "max_output_tokens": b.max_output_tokens,
+            "model": self.model_id,
+            "output": output,
+            "parallel_tool_calls": False,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,
+            "temperature": b.temperature,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "none",
+            "tools": [],
+            "top_p": b.top_p,
+            "truncation": "disabled",
+            "usage": usage,
+            "user": getattr(b, "user", None),
+            "metadata": getattr(b, "metadata", None) or {},
+        }
+
+
+@router.post("/responses", response_model=None)
+async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | StreamingResponse:
+    _refuse_unknown(body, RESPONSES_HARMLESS)
+    state = state_of(request)
+    model_id = state.manager.check_id(body.model)
+    job = state.job(model_id, _responses_chat(body), _responses_options(body))
+    shape = _ResponseShape(body, model_id)
+    if not body.stream:
+        pieces = await _generate(state, job, "input")
+        last = pieces[-1]
+        status = "incomplete" if last.finish_reason == "length" else "completed"
+        text = "".join(p.text for p in pieces)
+        return JSONResponse(shape.response(status, [shape.item(status, [shape.part(text)])], last))
+    first, stream = await _open(state, job, "input")
+
+    async def events() -> AsyncIterator[str]:
+        seq = 0
+
+        def event(kind: str, **fields: Any) -> str:
+            nonlocal seq
+            out = sse({"type": kind, "sequence_number": seq, **fields}, event=kind)
+            seq += 1
+            return out
+
+        where = {"item_id": shape.item_id, "output_index": 0}
+        yield event("response.created", response=shape.response("in_progress", []))
+        yield event("response.in_progress", response=shape.response("in_progress", []))
+        yield event(
+            "response.output_item.added", output_index=0, item=shape.item("in_progress", [])
+        )
+        yield event("response.content_part.added", **where, content_index=0, part=shape.part(""))
+        texts: list[str] = []
+        try:
+            async for piece in _pieces(first, stream):
+                if piece.text:
+                    texts.append(piece.text)
+                    yield event(
+                        "response.output_text.delta",
+                        **where,
+                        content_index=0,
+                        delta=piece.text,
+                        logprobs=[],
+                    )
+                if piece.finish_reason is None:
+                    continue
+                text = "".join(texts)
+                status = "incomplete" if piece.finish_reason == "length" else "completed"
+                item = shape.item(status, [shape.part(text)])
+                yield event(
+                    "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+                )
+                yield event(
+                    "response.content_part.done", **where, content_index=0, part=shape.part(text)
+                )
+                yield event("response.output_item.done", output_index=0, item=item)
+                yield event(f"response.{status}", response=shape.response(status, [item], piece))
+        except Exception as e:
+            err = _stream_error(e, "input")
+            code = "model_not_found" if err.kind == "not_found" else err.kind
+            yield event("error", code=code, message=err.message, param=err.param)
+        finally:
+            await _close(stream)
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# -- models ----------------------------------------------------------------------------------
+def _model_ids(state: ServerState) -> list[str]:
+    ids = [
+        state.manager.default_id,
+        *[r.id for r in state.manager.resident()],
+        *state.manager.aliases(),
+    ]
+    return list(dict.fromkeys(ids))
+
+
+def _model(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "mlx-omnia"}
 
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [_model(i) for i in _model_ids(state_of(request))]}
+
+
+@router.get("/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> dict[str, Any]:
     state = state_of(request)
-    ids = [state.manager.default_id, *[r.id for r in state.manager.resident()], *state.manager.aliases()]
-    seen: list[str] = []
-    for i in ids:
-        if i not in seen:
-            seen.append(i)
-    return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "mlx-omnia"} for i in seen]}
+    canonical = state.manager.check_id(model_id)
+    if canonical not in _model_ids(state):
+        raise ApiError(
+            "not_found", f"model {model_id!r} is not loaded or known to this server", "model"
+        )
+    return _model(canonical)

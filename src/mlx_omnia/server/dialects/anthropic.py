@@ -1,0 +1,384 @@
+"""Anthropic dialect (Messages API), under /api/anthropic/v1."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Literal, cast
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ConfigDict, Field
+
+from mlx_omnia import Chat, ChatMessage, GenerationOptions, OmniaError, Piece
+from mlx_omnia.server.dialects.common import Request as Body
+from mlx_omnia.server.dialects.common import new_id, refuse_unknown, sse
+from mlx_omnia.server.dialects.errors import error_body, from_engine
+from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.state import ServerState, state_of
+
+router = APIRouter()
+
+# Request fields accepted and ignored because they cannot change the output.
+# (cache_control: a prompt-caching hint; speed: a latency tier; diagnostics: prompt-cache
+# divergence reports, always null here.)
+HARMLESS = (
+    "metadata",
+    "service_tier",
+    "cache_control",
+    "speed",
+    "inference_geo",
+    "user_profile_id",
+    "diagnostics",
+)
+# Keys of a text content block that cannot change the output.
+TEXT_BLOCK_KEYS = frozenset({"type", "text", "cache_control", "citations"})
+EPOCH = "1970-01-01T00:00:00Z"
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+
+
+class _Strict(Body):
+    """Types as Anthropic checks them: no strings for numbers, no floats for integers."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class CountTokensRequest(_Strict):
+    model: str
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+
+
+# -- request -> engine ---------------------------------------------------------------------------
+def _text_blocks(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A content value (string or list of text blocks) as the engine's message content."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(
+            "invalid_request", f"{where}: must be a string or a list of content blocks", where
+        )
+    blocks: list[dict[str, Any]] = []
+    for j, block in enumerate(content):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        at = f"{where}.{j}"
+        if not isinstance(block, dict):
+            raise ApiError("invalid_request", f"{at}: a content block must be an object", at)
+        kind = block.get("type")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        if kind != "text":
+            raise ApiError(
+                "invalid_request",
+                f"{at}: content blocks of type {kind!r} are not supported by this model; "
+                "only 'text' blocks are",
+                at,
+            )
+        text = block.get("text")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        if not isinstance(text, str):
+            raise ApiError("invalid_request", f"{at}.text: must be a string", f"{at}.text")
+        for key in block:  # pyright: ignore[reportUnknownVariableType]
+            if key not in TEXT_BLOCK_KEYS:
+                raise ApiError(
+                    "invalid_request",
+                    f"{at}.{key}: field is not supported by this server",
+                    f"{at}.{key}",
+                )
+        if block.get("citations"):  # pyright: ignore[reportUnknownMemberType]
+            raise ApiError(
+                "invalid_request", f"{at}.citations: citations are not supported", f"{at}.citations"
+            )
+        blocks.append({"type": "text", "text": text})
+    return blocks
+
+
+def chat_of(body: CountTokensRequest) -> Chat:
+    out: list[ChatMessage] = []
+    if body.system is not None:
+        system = _text_blocks(body.system, "system")
+        if system:  # an empty system prompt is no system prompt
+            out.append({"role": "system", "content": system})  # pyright: ignore[reportArgumentType]
+    if not body.messages:
+        raise ApiError("invalid_request", "messages: at least one message is required", "messages")
+    for i, m in enumerate(body.messages):
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            raise ApiError(
+                "invalid_request",
+                f"messages.{i}.role: must be 'user' or 'assistant', not {role!r}",
+                f"messages.{i}.role",
+            )
+        for key in m:
+            if key not in ("role", "content"):
+                raise ApiError(
+                    "invalid_request",
+                    f"messages.{i}.{key}: field is not supported by this server",
+                    f"messages.{i}.{key}",
+                )
+        if "content" not in m:
+            raise ApiError(
+                "invalid_request", f"messages.{i}.content: Field required", f"messages.{i}.content"
+            )
+        content = _text_blocks(m["content"], f"messages.{i}.content")
+        out.append({"role": role, "content": content})  # pyright: ignore[reportArgumentType]
+    if body.messages[-1].get("role") == "assistant":
+        raise ApiError(
+            "invalid_request",
+            "messages: a final assistant turn (prefill) is not supported by this server; "
+            "end the conversation with a user turn",
+            "messages",
+        )
+    if body.tools:
+        raise ApiError(
+            "invalid_request", "tools: tool use is not supported by this server", "tools"
+        )
+    if body.tool_choice is not None and body.tool_choice.get("type") not in ("auto", "none"):
+        raise ApiError(
+            "invalid_request",
+            "tool_choice: tool use is not supported by this server",
+            "tool_choice",
+        )
+    if body.thinking is not None and body.thinking.get("type") != "disabled":
+        raise ApiError(
+            "invalid_request",
+            "thinking: extended thinking is not supported by this model",
+            "thinking",
+        )
+    return Chat(tuple(out))
+
+
+def options_of(body: MessagesRequest) -> GenerationOptions:
+    stops = list(body.stop_sequences or [])
+    for k, stop in enumerate(stops):
+        if not stop:
+            raise ApiError(
+                "invalid_request", f"stop_sequences.{k}: must not be empty", "stop_sequences"
+            )
+    return GenerationOptions(
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        stop=stops,
+    )
+
+
+# -- engine -> response --------------------------------------------------------------------------
+def stop_of(last: Piece) -> tuple[StopReason, str | None]:
+    if last.stop_sequence is not None:
+        return "stop_sequence", last.stop_sequence
+    if last.finish_reason == "length":
+        return "max_tokens", None
+    return "end_turn", None
+
+
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def _message(
+    mid: str,
+    model_id: str,
+    content: list[dict[str, Any]],
+    stop: StopReason | None,
+    stop_sequence: str | None,
+    usage: dict[str, int],
+) -> dict[str, Any]:
+    return {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "model": model_id,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": stop_sequence,
+        "usage": usage,
+    }
+
+
+async def _count(state: ServerState, model_id: str, chat: Chat) -> int:
+    def count() -> int:
+        res = state.manager.get(model_id)
+        try:
+            return len(res.model.encode(chat))
+        finally:
+            state.manager.release(res)
+
+    return await asyncio.to_thread(count)
+
+
+def _as_api_error(e: ApiError | OmniaError) -> ApiError:
+    return e if isinstance(e, ApiError) else from_engine(e)
+
+
+@router.post("/messages", response_model=None)
+async def messages(request: Request, body: MessagesRequest) -> JSONResponse | StreamingResponse:
+    refuse_unknown(body, HARMLESS)
+    state = state_of(request)
+    model_id = state.manager.check_id(body.model)
+    chat = chat_of(body)
+    job = state.job(model_id, chat, options_of(body))
+    mid = new_id("msg_")
+    headers = {"request-id": new_id("req_")}
+    if not body.stream:
+        pieces = await state.scheduler.run(job)
+        last = pieces[-1]
+        assert last.usage is not None
+        stop, stop_sequence = stop_of(last)
+        text = "".join(p.text for p in pieces)
+        return JSONResponse(
+            _message(
+                mid,
+                model_id,
+                [{"type": "text", "text": text}],
+                stop,
+                stop_sequence,
+                _usage(last.usage.prompt_tokens, last.usage.completion_tokens),
+            ),
+            headers=headers,
+        )
+
+    stream = cast(AsyncGenerator[Piece, None], state.scheduler.stream(job))
+    # Start now so that model and option errors answer with a status, not a broken stream.
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        raise ApiError("internal", "generation produced no output") from None
+    input_tokens = first.usage.prompt_tokens if first.usage else await _count(state, model_id, chat)
+
+    async def events() -> AsyncIterator[str]:
+        yield sse(
+            {
+                "type": "message_start",
+                "message": _message(mid, model_id, [], None, None, _usage(input_tokens, 0)),
+            },
+            "message_start",
+        )
+        yield sse(
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            "content_block_start",
+        )
+        yield sse({"type": "ping"}, "ping")
+        piece: Piece | None = first
+        try:
+            while piece is not None:
+                if piece.text:
+                    yield sse(
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "text_delta", "text": piece.text},
+                        },
+                        "content_block_delta",
+                    )
+                if piece.finish_reason is not None:
+                    assert piece.usage is not None
+                    stop, stop_sequence = stop_of(piece)
+                    yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                    yield sse(
+                        {
+                            "type": "message_delta",
+                            "delta": {"stop_reason": stop, "stop_sequence": stop_sequence},
+                            "usage": _usage(
+                                piece.usage.prompt_tokens, piece.usage.completion_tokens
+                            ),
+                        },
+                        "message_delta",
+                    )
+                    yield sse({"type": "message_stop"}, "message_stop")
+                    return
+                piece = await anext(stream, None)
+            yield sse(
+                error_body("anthropic", ApiError("internal", "generation ended without a finish")),
+                "error",
+            )
+        except (ApiError, OmniaError) as e:
+            yield sse(error_body("anthropic", _as_api_error(e)), "error")
+        except Exception as e:  # never leave a client hanging on a broken stream
+            yield sse(
+                error_body("anthropic", ApiError("internal", f"generation failed: {e}")), "error"
+            )
+        finally:
+            await stream.aclose()
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"}
+    )
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, int]:
+    refuse_unknown(body, HARMLESS)
+    state = state_of(request)
+    model_id = state.manager.check_id(body.model)
+    return {"input_tokens": await _count(state, model_id, chat_of(body))}
+
+
+# -- models --------------------------------------------------------------------------------------
+def _model_ids(state: ServerState) -> list[str]:
+    ids = [
+        state.manager.default_id,
+        *[r.id for r in state.manager.resident()],
+        *state.manager.aliases(),
+    ]
+    return list(dict.fromkeys(ids))
+
+
+def _model_info(model_id: str) -> dict[str, Any]:
+    return {"type": "model", "id": model_id, "display_name": model_id, "created_at": EPOCH}
+
+
+@router.get("/models")
+async def list_models(
+    request: Request, limit: int = 20, after_id: str | None = None, before_id: str | None = None
+) -> dict[str, Any]:
+    if not 1 <= limit <= 1000:
+        raise ApiError("invalid_request", "limit: must be between 1 and 1000", "limit")
+    ids = _model_ids(state_of(request))
+    for cursor in (after_id, before_id):
+        if cursor is not None and cursor not in ids:
+            raise ApiError("invalid_request", f"no model {cursor!r} to page from", "after_id")
+    if after_id is not None:
+        rest = ids[ids.index(after_id) + 1 :]
+        page, has_more = rest[:limit], len(rest) > limit
+    elif before_id is not None:
+        rest = ids[: ids.index(before_id)]
+        page, has_more = rest[-limit:], len(rest) > limit
+    else:
+        page, has_more = ids[:limit], len(ids) > limit
+    return {
+        "data": [_model_info(i) for i in page],
+        "has_more": has_more,
+        "first_id": page[0] if page else None,
+        "last_id": page[-1] if page else None,
+    }
+
+
+@router.get("/models/{model_id:path}")
+async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+    state = state_of(request)
+    ids = _model_ids(state)
+    canonical = model_id.lower() if model_id.lower() == state.manager.default_id else model_id
+    if canonical not in ids:
+        raise ApiError("not_found", f"model: {model_id}", "model")
+    return _model_info(canonical)

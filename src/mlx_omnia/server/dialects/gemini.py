@@ -1,0 +1,482 @@
+"""Gemini dialect, under /api/gemini/v1beta.
+
+Routes: GET /models, GET /models/{model}, POST /models/{model}:generateContent,
+POST /models/{model}:streamGenerateContent (SSE with ?alt=sse, else a streamed JSON array) and
+POST /models/{model}:countTokens. A model id may hold a slash (a hub repo id such as
+"acme/tiny"), so the POST route takes the whole rest of the path and splits the method off at
+the last ':'.
+
+Field names are lowerCamelCase on the wire; snake_case spellings (which Google's JSON parser
+also accepts) are read as their camelCase twins. A null field counts as absent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from mlx_omnia import Chat, ChatMessage, GenerationOptions, Model, OmniaError, Piece
+from mlx_omnia.server.dialects.common import sse
+from mlx_omnia.server.dialects.errors import error_body, from_engine
+from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.state import ServerState, state_of
+
+router = APIRouter()
+
+METHODS = ("generateContent", "streamGenerateContent", "countTokens")
+
+# Top-level request fields accepted and ignored because they cannot change the output.
+HARMLESS = frozenset({"safetySettings", "labels", "serviceTier", "model"})
+# generationConfig fields accepted and ignored: mediaResolution only concerns media inputs,
+# which are refused anyway.
+HARMLESS_CONFIG = frozenset({"mediaResolution"})
+# Part fields that carry non-text content: refused with a message saying so.
+MEDIA_PARTS = frozenset(
+    {"inlineData", "fileData", "functionCall", "functionResponse", "executableCode",
+     "codeExecutionResult", "videoMetadata", "toolCall", "toolResponse"}
+)
+MAX_STOP_SEQUENCES = 5
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+
+FINISH: dict[str, str] = {"stop": "STOP", "length": "MAX_TOKENS"}
+
+T = TypeVar("T")
+
+
+# -- request parsing ---------------------------------------------------------------------------
+
+
+def _bad(message: str, field: str) -> ApiError:
+    return ApiError("invalid_request", message, field)
+
+
+def _camel(key: str) -> str:
+    if "_" not in key.strip("_"):
+        return key
+    head, *rest = key.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _obj(value: object, where: str) -> dict[str, Any]:
+    """A JSON object with camelCase keys, null members dropped."""
+    if not isinstance(value, dict):
+        raise _bad(f"{where} must be an object", where)
+    raw = cast(dict[Any, Any], value)
+    return {_camel(str(k)): v for k, v in raw.items() if v is not None}
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _bad(f"{where} must be a list", where)
+    return cast(list[Any], value)
+
+
+def _int(value: object, where: str) -> int:
+    # JSON numbers such as 16.0 are fine; Google's parser also accepts int64 as a string.
+    if isinstance(value, bool):
+        raise _bad(f"{where} must be an integer", where)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise _bad(f"{where} must be an integer", where)
+
+
+def _float(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(f"{where} must be a number", where)
+    return float(value)
+
+
+def _str(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise _bad(f"{where} must be a string", where)
+    return value
+
+
+def _unknown(name: str, where: str = "") -> ApiError:
+    field = f"{where}.{name}" if where else name
+    return _bad(f"field {field!r} is not supported by this server", field)
+
+
+def _texts(content: object, where: str) -> tuple[str | None, list[str]]:
+    """The role and the text parts of one Content."""
+    c = _obj(content, where)
+    for key in c:
+        if key not in ("role", "parts"):
+            raise _unknown(key, where)
+    role = _str(c["role"], f"{where}.role") if "role" in c else None
+    parts = _list(c.get("parts", []), f"{where}.parts")
+    if not parts:
+        raise _bad(f"{where}.parts must hold at least one part", f"{where}.parts")
+    texts: list[str] = []
+    for j, raw in enumerate(parts):
+        at = f"{where}.parts[{j}]"
+        part = _obj(raw, at)
+        for key, value in part.items():
+            if key in MEDIA_PARTS:
+                raise _bad(
+                    f"{at}.{key}: only text parts are supported by this model", f"{at}.{key}"
+                )
+            if key == "thought" and value is True:
+                raise _bad(f"{at}.thought: thought parts are not supported", f"{at}.thought")
+            if key not in ("text", "thought", "thoughtSignature"):
+                raise _unknown(key, at)
+        if "text" not in part:
+            raise _bad(f"{at} must have a text field (only text parts are supported)", at)
+        texts.append(_str(part["text"], f"{at}.text"))
+    return role, texts
+
+
+def _content_of(texts: list[str]) -> str | list[Any]:
+    if len(texts) == 1:
+        return texts[0]
+    return [{"type": "text", "text": t} for t in texts]
+
+
+def _system(value: object) -> ChatMessage:
+    where = "systemInstruction"
+    if isinstance(value, str):  # lenient: a bare string
+        return ChatMessage(role="system", content=value)
+    role, texts = _texts(value, where)
+    if role not in (None, "", "user", "system"):
+        raise _bad(f"{where}.role {role!r} is not valid", f"{where}.role")
+    return ChatMessage(role="system", content=cast(Any, _content_of(texts)))
+
+
+def chat_of(body: dict[str, Any]) -> Chat:
+    contents = _list(body.get("contents", []), "contents")
+    if not contents:
+        raise _bad("contents must not be empty", "contents")
+    messages: list[ChatMessage] = []
+    if "systemInstruction" in body:
+        messages.append(_system(body["systemInstruction"]))
+    for i, content in enumerate(contents):
+        where = f"contents[{i}]"
+        role, texts = _texts(content, where)
+        if role in (None, "", "user"):
+            messages.append(ChatMessage(role="user", content=cast(Any, _content_of(texts))))
+        elif role == "model":
+            messages.append(ChatMessage(role="assistant", content=cast(Any, _content_of(texts))))
+        elif role in ("function", "tool"):
+            raise _bad(f"{where}: function responses are not supported yet", f"{where}.role")
+        else:
+            raise _bad(
+                f"{where}.role {role!r} is not valid (use 'user' or 'model')", f"{where}.role"
+            )
+    return Chat(tuple(messages))
+
+
+def _thinking_off(value: object, where: str) -> None:
+    """A thinkingConfig that asks for no thinking cannot change this model's output."""
+    cfg = _obj(value, where)
+    for key, v in cfg.items():
+        if key == "thinkingBudget" and _int(v, f"{where}.thinkingBudget") == 0:
+            continue
+        if key == "includeThoughts" and v is False:
+            continue
+        raise _bad(f"{where}: thinking is not supported by this model", where)
+
+
+def options_of(value: object) -> GenerationOptions:
+    where = "generationConfig"
+    cfg = _obj(value, where)
+    stop: list[str] = []
+    kw: dict[str, Any] = {}
+    for key, v in cfg.items():
+        at = f"{where}.{key}"
+        if key == "temperature":
+            kw["temperature"] = _float(v, at)
+        elif key == "topP":
+            kw["top_p"] = _float(v, at)
+        elif key == "topK":
+            kw["top_k"] = _int(v, at)
+        elif key == "maxOutputTokens":
+            kw["max_tokens"] = _int(v, at)
+            if kw["max_tokens"] < 1:
+                raise _bad(f"{at} must be at least 1", at)
+        elif key == "seed":
+            kw["seed"] = _int(v, at)
+        elif key == "presencePenalty":
+            kw["presence_penalty"] = _float(v, at)
+        elif key == "frequencyPenalty":
+            kw["frequency_penalty"] = _float(v, at)
+        elif key == "stopSequences":
+            stop = [_str(s, f"{at}[{i}]") for i, s in enumerate(_list(v, at))]
+            if len(stop) > MAX_STOP_SEQUENCES:
+                raise _bad(f"{at}: at most {MAX_STOP_SEQUENCES} stop sequences", at)
+            if any(s == "" for s in stop):
+                raise _bad(f"{at}: stop sequences must not be empty", at)
+        elif key == "candidateCount":
+            if _int(v, at) != 1:
+                raise _bad(f"{at}: only candidateCount 1 is supported", at)
+        elif key == "responseMimeType":
+            if _str(v, at) not in ("", "text/plain"):
+                raise _bad(f"{at}: only 'text/plain' is supported", at)
+        elif key == "responseModalities":
+            modes = [_str(m, f"{at}[{i}]").upper() for i, m in enumerate(_list(v, at))]
+            if any(m != "TEXT" for m in modes):
+                raise _bad(f"{at}: only the TEXT modality is supported", at)
+        elif key in ("responseLogprobs", "enableEnhancedCivicAnswers", "audioTimestamp"):
+            if v is not False:
+                raise _bad(f"{at} is not supported by this server", at)
+        elif key == "thinkingConfig":
+            _thinking_off(v, at)
+        elif key not in HARMLESS_CONFIG:
+            # responseSchema, responseJsonSchema, logprobs, speechConfig, imageConfig, ...
+            raise _unknown(key, where)
+    return GenerationOptions(stop=stop, **kw)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    chat: Chat
+    options: GenerationOptions
+
+
+def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
+    """A GenerateContentRequest: every field honoured or refused by name."""
+    prefix = f"{where}." if where else ""
+    for key, value in body.items():
+        if key in ("contents", "systemInstruction", "generationConfig") or key in HARMLESS:
+            continue
+        if key == "tools" and _list(value, f"{prefix}tools") == []:
+            continue
+        if key in ("tools", "toolConfig"):
+            raise _bad(f"{prefix}{key}: tools are not supported yet", f"{prefix}{key}")
+        raise _unknown(key, where)
+    try:
+        chat = chat_of(body)
+        options = options_of(body.get("generationConfig", {}))
+    except ApiError as e:
+        if where and e.param:
+            e.message, e.param = f"in {where}: {e.message}", f"{where}.{e.param}"
+        raise
+    return Parsed(chat, options)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError("invalid_request", "the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ApiError("invalid_request", "the request body must be a JSON object")
+    return _obj(cast(object, data), "body")
+
+
+# -- models ------------------------------------------------------------------------------------
+
+
+def _model_id(state: ServerState, name: str) -> str:
+    name = name.removeprefix("models/")
+    if not name:
+        raise ApiError("not_found", "no model named in the path", "model")
+    return state.manager.check_id(name)
+
+
+async def _with_model(state: ServerState, model_id: str, fn: Callable[[Model], T]) -> T:
+    """Run `fn` on the model (loading it if needed) off the event loop."""
+
+    def work() -> T:
+        res = state.manager.get(model_id)
+        try:
+            return fn(res.model)
+        finally:
+            state.manager.release(res)
+
+    return await asyncio.to_thread(work)
+
+
+def _model_entry(model_id: str, model: Model | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": f"models/{model_id}",
+        "baseModelId": model_id,
+        "version": "1",
+        "displayName": model_id,
+        "description": f"{model_id}, served by mlx-omnia",
+        "supportedGenerationMethods": list(METHODS),
+    }
+    if model is not None:
+        limit = model.signature.context_length
+        d = model.defaults
+        entry.update({
+            "inputTokenLimit": limit,
+            "outputTokenLimit": d.max_new_tokens or limit,
+            "temperature": d.temperature if d.do_sample else 0.0,
+            "maxTemperature": 2.0,
+            "topP": d.top_p if d.do_sample else 1.0,
+            "topK": d.top_k if d.do_sample else 0,
+        })
+    return entry
+
+
+@router.get("/models")
+async def list_models(
+    request: Request,
+    page_size: int | None = Query(None, alias="pageSize"),
+    page_token: str | None = Query(None, alias="pageToken"),
+) -> dict[str, Any]:
+    state = state_of(request)
+    resident = {r.id: r.model for r in state.manager.resident()}
+    ids: list[str] = []
+    for i in [state.manager.default_id, *resident, *state.manager.aliases()]:
+        if i not in ids:
+            ids.append(i)
+    size = DEFAULT_PAGE_SIZE if not page_size or page_size <= 0 else min(page_size, MAX_PAGE_SIZE)
+    start = 0
+    if page_token:
+        if not page_token.isdigit():
+            raise _bad("pageToken is not valid", "pageToken")
+        start = int(page_token)
+    page = ids[start : start + size]
+    out: dict[str, Any] = {"models": [_model_entry(i, resident.get(i)) for i in page]}
+    if start + size < len(ids):
+        out["nextPageToken"] = str(start + size)
+    return out
+
+
+@router.get("/models/{name:path}")
+async def get_model(request: Request, name: str) -> dict[str, Any]:
+    state = state_of(request)
+    model_id = _model_id(state, name)
+    return await _with_model(state, model_id, lambda m: _model_entry(model_id, m))
+
+
+# -- generation --------------------------------------------------------------------------------
+
+
+def _usage(prompt: int, candidates: int) -> dict[str, Any]:
+    return {
+        "promptTokenCount": prompt,
+        "candidatesTokenCount": candidates,
+        "totalTokenCount": prompt + candidates,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
+    }
+
+
+def _response(
+    text: str, finish: str | None, usage: dict[str, Any] | None, model_id: str, rid: str
+) -> dict[str, Any]:
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
+    if finish is not None:
+        candidate["finishReason"] = FINISH.get(finish, "OTHER")
+    out: dict[str, Any] = {"candidates": [candidate]}
+    if usage is not None:
+        out["usageMetadata"] = usage
+    out["modelVersion"] = model_id
+    out["responseId"] = rid
+    return out
+
+
+@router.post("/models/{rest:path}", response_model=None)
+async def model_method(request: Request, rest: str) -> JSONResponse | StreamingResponse:
+    model_name, sep, method = rest.rpartition(":")
+    if not sep or method not in METHODS:
+        raise ApiError(
+            "not_found",
+            f"unknown method {method!r}: use one of {', '.join(METHODS)}" if sep
+            else "the path must end in ':<method>'",
+        )
+    state = state_of(request)
+    body = await _json_body(request)
+    model_id = _model_id(state, model_name)
+    if method == "countTokens":
+        return await _count_tokens(state, model_id, body)
+    parsed = parse_generate(body)
+    job = state.job(model_id, parsed.chat, parsed.options)
+    rid = uuid.uuid4().hex
+    if method == "generateContent":
+        pieces = await state.scheduler.run(job)
+        last = pieces[-1]
+        usage = last.usage
+        assert usage is not None
+        return JSONResponse(_response(
+            "".join(p.text for p in pieces), last.finish_reason,
+            _usage(usage.prompt_tokens, usage.completion_tokens), model_id, rid,
+        ))
+    alt = request.query_params.get("alt", "json")
+    if alt not in ("sse", "json"):
+        raise _bad(f"alt={alt!r} is not supported (use 'sse' or 'json')", "alt")
+    stream = state.scheduler.stream(job)
+    # Start now so that model and option errors answer with a status, not a broken stream.
+    first = await _first(stream)
+    framing: Literal["sse", "json"] = "sse" if alt == "sse" else "json"
+    return StreamingResponse(
+        _events(stream, first, model_id, rid, framing),
+        media_type="text/event-stream" if framing == "sse" else "application/json",
+    )
+
+
+async def _events(
+    stream: AsyncIterator[Piece], first: Piece | None, model_id: str, rid: str,
+    framing: Literal["sse", "json"],
+) -> AsyncIterator[str]:
+    count = 0
+
+    def frame(data: dict[str, Any]) -> str:
+        nonlocal count
+        count += 1
+        if framing == "sse":
+            return sse(data)
+        head = "[" if count == 1 else ",\r\n"
+        return head + json.dumps(data, separators=(",", ":"))
+
+    piece = first
+    try:
+        while piece is not None:
+            if piece.finish_reason is not None:
+                u = piece.usage
+                usage = _usage(u.prompt_tokens, u.completion_tokens) if u is not None else None
+                yield frame(_response(piece.text, piece.finish_reason, usage, model_id, rid))
+            elif piece.text:
+                yield frame(_response(piece.text, None, None, model_id, rid))
+            piece = await anext(stream, None)
+    except (ApiError, OmniaError) as e:
+        err = e if isinstance(e, ApiError) else from_engine(e)
+        yield frame(error_body("gemini", err))
+    finally:
+        await cast(Any, stream).aclose()
+    if framing == "json":
+        yield "[]" if count == 0 else "]"
+
+
+async def _first(stream: AsyncIterator[Piece]) -> Piece | None:
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        return None
+
+
+async def _count_tokens(state: ServerState, model_id: str, body: dict[str, Any]) -> JSONResponse:
+    for key in body:
+        if key not in ("contents", "generateContentRequest"):
+            raise _unknown(key)
+    if "generateContentRequest" in body:
+        if "contents" in body:
+            raise _bad(
+                "contents and generateContentRequest are mutually exclusive: send one",
+                "generateContentRequest",
+            )
+        chat = parse_generate(
+            _obj(body["generateContentRequest"], "generateContentRequest"), "generateContentRequest"
+        ).chat
+    else:
+        chat = chat_of(body)
+    n = await _with_model(state, model_id, lambda m: len(m.encode(chat)))
+    return JSONResponse({
+        "totalTokens": n,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}],
+    })

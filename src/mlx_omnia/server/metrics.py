@@ -1,0 +1,179 @@
+"""Prometheus metrics at GET /metrics, in a registry of the app's own (two apps in one process,
+as in tests, never share counters).
+
+Requests are counted by a middleware (dialect, route template, status); tokens, time to first
+token and decode speed by the scheduler's per-piece hook on the engine thread; queue depth and
+resident models are read when scraped."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.routing import Match
+
+from mlx_omnia import Piece
+from mlx_omnia.server.dialects.errors import dialect_of
+from mlx_omnia.server.manager import ModelManager
+from mlx_omnia.server.scheduler import Job, Scheduler
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RATE_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0)
+
+
+class _Live(Collector):
+    """Gauges read at scrape time: queue depth, running job, resident models and their memory."""
+
+    def __init__(self, manager: ModelManager, scheduler: Callable[[], Scheduler | None]) -> None:
+        self.manager = manager
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        scheduler = self.scheduler()
+        depth = GaugeMetricFamily("omnia_queue_depth", "Generation requests waiting in the queue")
+        depth.add_metric([], scheduler.depth if scheduler is not None else 0)
+        yield depth
+        running = GaugeMetricFamily("omnia_running_requests", "Generations running now (0 or 1)")
+        running.add_metric([], 1 if scheduler is not None and scheduler.running is not None else 0)
+        yield running
+        resident = self.manager.resident()
+        count = GaugeMetricFamily("omnia_resident_models", "Models loaded in memory")
+        count.add_metric([], len(resident))
+        yield count
+        memory = GaugeMetricFamily(
+            "omnia_resident_model_bytes", "Memory held by a resident model's weights", labels=["model"]
+        )
+        for res in resident:
+            memory.add_metric([res.id], res.nbytes)
+        yield memory
+        limit = GaugeMetricFamily("omnia_memory_limit_bytes", "The server's memory budget for models")
+        limit.add_metric([], self.manager.settings.memory_limit)
+        yield limit
+
+
+class Metrics:
+    def __init__(self, manager: ModelManager) -> None:
+        self.registry = CollectorRegistry()
+        self.scheduler: Scheduler | None = None
+        self.requests = Counter(
+            "omnia_requests", "HTTP requests answered", ["dialect", "route", "status"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "omnia_prompt_tokens", "Prompt tokens of finished generations", ["model"],
+            registry=self.registry,
+        )
+        self.completion_tokens = Counter(
+            "omnia_completion_tokens", "Tokens generated (counted as they are produced)", ["model"],
+            registry=self.registry,
+        )
+        self.generations = Counter(
+            "omnia_generations", "Generations by how they ended", ["model", "finish_reason"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "omnia_time_to_first_token_seconds", "From queueing a request to its first piece",
+            ["model"], buckets=TTFT_BUCKETS, registry=self.registry,
+        )
+        self.decode_rate = Histogram(
+            "omnia_decode_tokens_per_second", "Decode speed of each finished generation",
+            ["model"], buckets=RATE_BUCKETS, registry=self.registry,
+        )
+        self.registry.register(_Live(manager, lambda: self.scheduler))
+        self._counted: dict[int, int] = {}  # id(job) -> completion tokens counted so far
+        self._lock = threading.Lock()
+
+    # -- the scheduler's hook (engine thread) -----------------------------------------------------
+    def on_piece(self, job: Job, piece: Piece) -> None:
+        key = id(job)
+        with self._lock:
+            first = key not in self._counted
+            counted = self._counted.get(key, 0)
+            counted += len(piece.token_ids)
+            self._counted[key] = counted
+            if piece.finish_reason is not None:
+                del self._counted[key]
+        model = job.model_id
+        if first and job.first_token_at is not None:
+            self.ttft.labels(model).observe(max(0.0, job.first_token_at - job.submitted))
+        added = len(piece.token_ids)
+        if piece.finish_reason is not None and piece.usage is not None:
+            # Tokens held back (a partial stop string) are in the usage but in no piece.
+            added += max(0, piece.usage.completion_tokens - counted)
+            self.prompt_tokens.labels(model).inc(piece.usage.prompt_tokens)
+            self.generations.labels(model, piece.finish_reason).inc()
+            if job.first_token_at is not None and piece.usage.completion_tokens > 1:
+                elapsed = time.monotonic() - job.first_token_at
+                if elapsed > 0:
+                    self.decode_rate.labels(model).observe((piece.usage.completion_tokens - 1) / elapsed)
+        if added:
+            self.completion_tokens.labels(model).inc(added)
+
+    def forget(self, job: Job) -> None:
+        """A job that ended without a last piece (cancelled, failed)."""
+        with self._lock:
+            self._counted.pop(id(job), None)
+
+    def attach(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        scheduler.on_piece = self.on_piece
+        scheduler.on_end = self.forget
+
+    # -- the app ----------------------------------------------------------------------------------
+    def install(self, app: FastAPI) -> None:
+        """Add the request-counting middleware (outermost, so refusals are counted too) and the
+        GET /metrics route."""
+
+        @app.middleware("http")
+        async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            try:
+                response = await call_next(request)
+            except Exception:
+                self.requests.labels(dialect_of(request.url.path), _route(app, request), "500").inc()
+                raise
+            self.requests.labels(
+                dialect_of(request.url.path), _route(app, request), str(response.status_code)
+            ).inc()
+            return response
+
+        @app.get("/metrics", include_in_schema=False)
+        async def metrics() -> Response:  # pyright: ignore[reportUnusedFunction]
+            return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+        _ = count
+
+
+_PARAM = re.compile(r"{([A-Za-z_][A-Za-z0-9_]*)(:[A-Za-z]+)?}")
+
+
+def _route(app: FastAPI, request: Request) -> str:
+    """The route's path template with any router prefix (bounded label values), or "unmatched"."""
+    route = request.scope.get("route")
+    template = getattr(route, "path", None)
+    if not isinstance(template, str):
+        for candidate in app.router.routes:
+            match, _ = candidate.matches(request.scope)
+            found = getattr(candidate, "path", None)
+            if match == Match.FULL and isinstance(found, str):
+                return found
+        return "unmatched"
+    # Routes of an included router know their path without the prefix: recover the prefix from
+    # the concrete path.
+    params: dict[str, object] = request.scope.get("path_params") or {}
+    concrete = _PARAM.sub(lambda m: str(params.get(m.group(1), m.group(0))), template)
+    path = request.url.path
+    if concrete and path.endswith(concrete):
+        return path[: len(path) - len(concrete)] + template
+    return template

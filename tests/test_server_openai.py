@@ -1,0 +1,436 @@
+"""The OpenAI dialect, driven by the official `openai` SDK against a live omnia-server running the
+real SmolLM2-135M-Instruct (keep max_tokens small: about 10 tokens a second on CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from mlx_omnia import Chat, ChatMessage, GenerationOptions, Model
+from mlx_omnia.server.settings import Settings
+from tests.server_harness import LiveServer, live_server
+
+MODEL = "smollm2-135m-instruct"
+QUESTION = "What is the capital of France?"
+ANSWER = "The capital of France is Paris."
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    with live_server(Settings()) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/api/openai/v1", api_key="unused", max_retries=0)
+
+
+def user(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+def engine(model: Model, input: Chat | str, **options: Any) -> str:
+    return model.generate(input, GenerationOptions(temperature=0, **options)).text
+
+
+def chat_of(messages: list[Any]) -> Chat:
+    out: list[ChatMessage] = [{"role": m["role"], "content": m["content"]} for m in messages]
+    return Chat(tuple(out))
+
+
+# -- chat completions ------------------------------------------------------------------------
+def test_chat_greedy_matches_engine_with_exact_usage(client: openai.OpenAI, smollm2: Model) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), max_tokens=16, temperature=0
+    )
+    choice = r.choices[0]
+    assert (
+        choice.message.content == ANSWER == engine(smollm2, chat_of(user(QUESTION)), max_tokens=16)
+    )
+    assert choice.finish_reason == "stop"
+    assert r.object == "chat.completion" and r.model == MODEL
+    assert r.usage is not None
+    assert r.usage.prompt_tokens == len(smollm2.encode(chat_of(user(QUESTION))))
+    done = smollm2.generate(
+        chat_of(user(QUESTION)), GenerationOptions(temperature=0, max_tokens=16)
+    )
+    assert r.usage.completion_tokens == done.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.prompt_tokens_details is not None
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_chat_stream_with_usage(client: openai.OpenAI, smollm2: Model) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=user(QUESTION),
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ANSWER
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finishes == ["stop"]
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.prompt_tokens == len(smollm2.encode(chat_of(user(QUESTION))))
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_chat_stream_without_usage(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=user(QUESTION), max_tokens=3, temperature=0, stream=True
+        )
+    )
+    assert all(c.usage is None for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_multi_turn_with_system_prompt(client: openai.OpenAI, smollm2: Model) -> None:
+    messages = [
+        {"role": "system", "content": "You are a terse geography tutor."},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": ANSWER},
+        {"role": "user", "content": "And of Italy?"},
+    ]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    assert r.choices[0].message.content == engine(smollm2, chat_of(messages), max_tokens=16)
+    assert r.usage is not None
+    assert r.usage.prompt_tokens == len(smollm2.encode(chat_of(messages)))
+
+
+def test_stop_sequence(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), max_tokens=16, temperature=0, stop=[" Paris"]
+    )
+    assert r.choices[0].message.content == "The capital of France is"
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_max_completion_tokens_wins_and_cuts_with_length(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), max_tokens=16, max_completion_tokens=3, temperature=0
+    )
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage is not None and r.usage.completion_tokens == 3
+    assert r.choices[0].message.content == "The capital of"
+
+
+def test_penalties_and_logit_bias_match_engine(client: openai.OpenAI, smollm2: Model) -> None:
+    banned = smollm2.encode(" Paris")
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=user(QUESTION),
+        max_tokens=12,
+        temperature=0,
+        top_p=0.9,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias={str(t): -100 for t in banned},
+        user="someone",
+    )
+    want = engine(
+        smollm2,
+        chat_of(user(QUESTION)),
+        max_tokens=12,
+        top_p=0.9,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias=dict.fromkeys(banned, -100.0),
+    )
+    assert r.choices[0].message.content == want
+    assert " Paris" not in want
+
+
+def test_seed_reproducible_at_temperature_one(client: openai.OpenAI) -> None:
+    def sample(seed: int) -> str:
+        r = client.chat.completions.create(
+            model=MODEL, messages=user("Tell me a story."), max_tokens=10, temperature=1, seed=seed
+        )
+        return r.choices[0].message.content or ""
+
+    first = sample(1234)
+    assert first == sample(1234)
+    assert len(first) > 0
+
+
+# -- legacy completions ----------------------------------------------------------------------
+PROMPT = "The capital of France is"
+
+
+def test_completion_raw_text(client: openai.OpenAI, smollm2: Model) -> None:
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].text == engine(smollm2, PROMPT, max_tokens=6)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage is not None
+    assert r.usage.prompt_tokens == len(smollm2.encode(PROMPT))
+    assert r.usage.completion_tokens == 6
+
+
+def test_completion_prompt_list_and_stop(client: openai.OpenAI, smollm2: Model) -> None:
+    full = engine(smollm2, PROMPT, max_tokens=6)
+    stop = "."
+    assert stop in full
+    r = client.completions.create(
+        model=MODEL, prompt=[PROMPT], max_tokens=6, temperature=0, stop=stop
+    )
+    assert r.choices[0].text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_completion_stream(client: openai.OpenAI, smollm2: Model) -> None:
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == engine(smollm2, PROMPT, max_tokens=5)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 5
+    assert chunks[-1].usage.prompt_tokens == len(smollm2.encode(PROMPT))
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"echo": True}, "echo"),
+        ({"suffix": "!"}, "suffix"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"best_of": 2}, "best_of"),
+        ({"n": 2}, "n"),
+        ({"frobnicate": 1}, "frobnicate"),
+    ],
+)
+def test_completion_refusals(client: openai.OpenAI, extra: dict[str, Any], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, extra_body=extra)
+    assert info.value.param == param
+    assert param in info.value.message
+
+
+def test_completion_token_prompt_refused(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=2)
+    assert info.value.param == "prompt"
+
+
+# -- responses -------------------------------------------------------------------------------
+def test_response_non_streaming(client: openai.OpenAI, smollm2: Model) -> None:
+    r = client.responses.create(
+        model=MODEL,
+        input=QUESTION,
+        instructions="Answer briefly.",
+        max_output_tokens=16,
+        temperature=0,
+    )
+    messages = [{"role": "system", "content": "Answer briefly."}, *user(QUESTION)]
+    want = smollm2.generate(chat_of(messages), GenerationOptions(temperature=0, max_tokens=16))
+    assert r.output_text == want.text
+    assert r.status == ("completed" if want.finish_reason == "stop" else "incomplete")
+    assert r.output[0].type == "message" and r.output[0].role == "assistant"
+    assert r.usage is not None
+    assert r.usage.input_tokens == len(smollm2.encode(chat_of(messages)))
+    assert r.usage.output_tokens == want.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.input_tokens_details.cached_tokens == 0
+
+
+def test_response_completed(client: openai.OpenAI) -> None:
+    r = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=16, temperature=0)
+    assert r.object == "response" and r.model == MODEL
+    assert r.status == "completed" and r.incomplete_details is None
+    assert r.output_text == ANSWER
+
+
+def test_response_incomplete_on_length(client: openai.OpenAI) -> None:
+    r = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=3, temperature=0)
+    assert r.status == "incomplete"
+    assert r.incomplete_details is not None and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage is not None and r.usage.output_tokens == 3
+    assert r.output_text == "The capital of"
+
+
+def test_response_stream_event_sequence(client: openai.OpenAI, smollm2: Model) -> None:
+    history: list[Any] = [
+        {"role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": ANSWER}],
+        },
+        {"role": "user", "content": "And of Italy?"},
+    ]
+    with client.responses.stream(
+        model=MODEL, input=history, max_output_tokens=16, temperature=0
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    types = [e.type for e in events]
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert types == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * len(deltas),
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    chat = chat_of(
+        [*user(QUESTION), {"role": "assistant", "content": ANSWER}, *user("And of Italy?")]
+    )
+    want = engine(smollm2, chat, max_tokens=16)
+    assert "".join(e.delta for e in deltas) == want
+    assert final.output_text == want and final.status == "completed"
+    assert final.usage is not None and final.usage.input_tokens == len(smollm2.encode(chat))
+
+
+def test_response_stream_incomplete(client: openai.OpenAI) -> None:
+    events = list(
+        client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=2, stream=True)
+    )
+    assert events[0].type == "response.created"
+    last = events[-1]
+    assert last.type == "response.incomplete"
+    assert last.response.status == "incomplete"
+    assert last.response.incomplete_details is not None
+    assert last.response.incomplete_details.reason == "max_output_tokens"
+    assert last.response.usage is not None and last.response.usage.output_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"previous_response_id": "resp_123"}, "previous_response_id"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"extra_body": {"seed": 3}}, "seed"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}
+                ]
+            },
+            "input[0].content[0]",
+        ),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+    ],
+)
+def test_response_refusals(client: openai.OpenAI, kwargs: dict[str, Any], param: str) -> None:
+    args: dict[str, Any] = {"model": MODEL, "input": QUESTION, "max_output_tokens": 2, **kwargs}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(**args)
+    assert info.value.param == param
+
+
+# -- models and errors -----------------------------------------------------------------------
+def test_models_lists_default_first(client: openai.OpenAI) -> None:
+    ids = [m.id for m in client.models.list()]
+    assert ids[0] == MODEL
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="no-such-model", messages=user("hi"), max_tokens=2)
+    assert info.value.param == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(
+            model="nobody/nothing", messages=user("hi"), max_tokens=2, stream=True
+        )
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="no-such-model", input="hi", stream=True)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": 3.5}, "temperature"),
+        ({"n": 2}, "n"),
+        ({"frobnicate": True}, "frobnicate"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"logprobs": True}, "logprobs"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_chat_bad_requests_name_the_field(
+    client: openai.OpenAI, extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=user("hi"), extra_body=extra)
+    assert info.value.param == param
+    assert isinstance(info.value.body, dict) and info.value.body["type"] == "invalid_request_error"
+
+
+def test_image_part_is_refused(client: openai.OpenAI) -> None:
+    messages: list[Any] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            ],
+        }
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert info.value.param == "messages[0].content[1]"
+    assert "image_url" in info.value.message
+
+
+def test_context_overflow(client: openai.OpenAI) -> None:
+    huge = "hello " * 9000
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=user(huge), max_tokens=2)
+    assert info.value.param == "messages"
+    assert "context" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=huge, max_tokens=2, stream=True)
+    assert info.value.param == "prompt"
+
+
+def test_bad_json_in_openai_shape(server: LiveServer, client: openai.OpenAI) -> None:
+    for path in ("chat/completions", "completions", "responses"):
+        r = httpx.post(
+            f"{server.url}/api/openai/v1/{path}",
+            content=b'{"model": "smollm2-135m-instruct", "messages": [',
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert set(error) == {"message", "type", "param", "code"}
+    # The server is still up and answering.
+    r2 = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), max_tokens=2, temperature=0
+    )
+    assert r2.choices[0].message.content == "The capital"
