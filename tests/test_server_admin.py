@@ -27,7 +27,10 @@ TINY_BYTES = 460_032  # the weights of write_tiny_llama's checkpoint in float32
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("admin-models")
-    return {name: write_tiny_llama(root / name, seed=i) for i, name in enumerate(("tiny-a", "tiny-b", "tiny-c"))}
+    return {
+        name: write_tiny_llama(root / name, seed=i)
+        for i, name in enumerate(("tiny-a", "tiny-b", "tiny-c"))
+    }
 
 
 def serve(settings: Settings, models: dict[str, Path]) -> tuple[ModelManager, dict[str, str]]:
@@ -42,7 +45,10 @@ def oai(server: LiveServer, key: str = "none") -> openai.OpenAI:
 
 def chat(server: LiveServer, model: str, max_tokens: int = 4) -> openai.types.chat.ChatCompletion:
     return oai(server).chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=max_tokens, temperature=0
+        model=model,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=max_tokens,
+        temperature=0,
     )
 
 
@@ -95,7 +101,9 @@ def test_list_load_unload(tiny_models: dict[str, Path]) -> None:
         r = httpx.delete(f"{server.url}/admin/models/tiny-a/residency")
         assert r.status_code == 200 and r.json()["unloaded"] is True
         assert resident(server) == set()
-        assert httpx.delete(f"{server.url}/admin/models/tiny-a/residency").json()["unloaded"] is False
+        assert (
+            httpx.delete(f"{server.url}/admin/models/tiny-a/residency").json()["unloaded"] is False
+        )
 
         # names, never paths; unknown models are 404 in the native shape
         r = httpx.put(f"{server.url}/admin/models/..%2F..%2Fetc/residency")
@@ -137,7 +145,7 @@ def test_lru_eviction_and_budget_refusal(tiny_models: dict[str, Path]) -> None:
 
 
 def test_idle_models_unload_after_ttl(tiny_models: dict[str, Path]) -> None:
-    settings = Settings(idle_ttl=0.3)
+    settings = Settings(idle_ttl=1.0)
     manager, _ = serve(settings, tiny_models)
     with live_server(settings, manager) as server:
         chat(server, "tiny-a")
@@ -161,9 +169,17 @@ def test_metrics_count_requests_and_tokens(tiny_models: dict[str, Path]) -> None
         chat(server, "tiny-a", max_tokens=3)
         text = httpx.get(f"{server.url}/metrics").text
         route = "/api/openai/v1/chat/completions"
-        assert metric(text, "omnia_requests_total", dialect="openai", route=route, status="200") == 2
-        assert metric(text, "omnia_completion_tokens_total", model="tiny-a") == completion.usage.completion_tokens + 3
-        assert metric(text, "omnia_prompt_tokens_total", model="tiny-a") == 2 * completion.usage.prompt_tokens
+        assert (
+            metric(text, "omnia_requests_total", dialect="openai", route=route, status="200") == 2
+        )
+        assert (
+            metric(text, "omnia_completion_tokens_total", model="tiny-a")
+            == completion.usage.completion_tokens + 3
+        )
+        assert (
+            metric(text, "omnia_prompt_tokens_total", model="tiny-a")
+            == 2 * completion.usage.prompt_tokens
+        )
         assert metric(text, "omnia_time_to_first_token_seconds_count", model="tiny-a") == 2
         assert metric(text, "omnia_decode_tokens_per_second_count", model="tiny-a") == 2
         assert metric(text, "omnia_queue_depth") == 0
@@ -171,7 +187,9 @@ def test_metrics_count_requests_and_tokens(tiny_models: dict[str, Path]) -> None
         assert metric(text, "omnia_resident_model_bytes", model="tiny-a") == TINY_BYTES
         httpx.post(f"{server.url}{route}", json={"model": "tiny-a"})  # 400: no messages
         text = httpx.get(f"{server.url}/metrics").text
-        assert metric(text, "omnia_requests_total", dialect="openai", route=route, status="400") == 1
+        assert (
+            metric(text, "omnia_requests_total", dialect="openai", route=route, status="400") == 1
+        )
 
 
 # -- API key, CORS, body limit --------------------------------------------------------------------
@@ -186,21 +204,30 @@ def test_api_key_in_each_dialect(tiny_models: dict[str, Path]) -> None:
                 oai(server, key).chat.completions.create(
                     model="tiny-a", messages=[{"role": "user", "content": "hi"}], max_tokens=2
                 )
-            assert isinstance(oerr.value.body, dict) and oerr.value.body["type"] == "authentication_error"
-            client = anthropic.Anthropic(base_url=f"{server.url}/api/anthropic", api_key=key, max_retries=0)
+            assert (
+                isinstance(oerr.value.body, dict)
+                and oerr.value.body["type"] == "authentication_error"
+            )
+            client = anthropic.Anthropic(
+                base_url=f"{server.url}/api/anthropic", api_key=key, max_retries=0
+            )
             with pytest.raises(anthropic.AuthenticationError) as aerr:
                 client.messages.create(
                     model="tiny-a", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
                 )
             assert aerr.value.body == {
-                "type": "error", "error": {"type": "authentication_error", "message": "missing or invalid API key"}
+                "type": "error",
+                "error": {"type": "authentication_error", "message": "missing or invalid API key"},
             }
         gemini = f"{server.url}/api/gemini/v1beta/models/tiny-a:generateContent"
         body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
         for headers in ({}, {"x-goog-api-key": "wrong"}):
             r = httpx.post(gemini, json=body, headers=headers)
             assert r.status_code == 401
-            assert r.json()["error"]["status"] == "UNAUTHENTICATED" and r.json()["error"]["code"] == 401
+            assert (
+                r.json()["error"]["status"] == "UNAUTHENTICATED"
+                and r.json()["error"]["code"] == 401
+            )
         r = httpx.get(f"{server.url}/admin/models")
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication"
         assert httpx.get(f"{server.url}/metrics").status_code == 401
@@ -211,7 +238,10 @@ def test_api_key_in_each_dialect(tiny_models: dict[str, Path]) -> None:
             model="tiny-a", messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
         assert good.choices[0].finish_reason in ("length", "stop")
-        assert httpx.get(f"{server.url}/admin/models", headers={"x-api-key": "s3cret"}).status_code == 200
+        assert (
+            httpx.get(f"{server.url}/admin/models", headers={"x-api-key": "s3cret"}).status_code
+            == 200
+        )
         r = httpx.post(gemini, json=body, headers={"x-goog-api-key": "s3cret"})
         assert r.status_code != 401
 
@@ -224,10 +254,16 @@ def test_cors_and_body_limit(tiny_models: dict[str, Path]) -> None:
         assert r.headers["access-control-allow-origin"] == "http://app.example"
         r = httpx.options(
             f"{server.url}/api/openai/v1/chat/completions",
-            headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST",
-                     "Access-Control-Request-Headers": "authorization,content-type"},
+            headers={
+                "Origin": "http://app.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type",
+            },
         )
-        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://app.example"
+        assert (
+            r.status_code == 200
+            and r.headers["access-control-allow-origin"] == "http://app.example"
+        )
         r = httpx.get(f"{server.url}/admin/health", headers={"Origin": "http://evil.example"})
         assert "access-control-allow-origin" not in r.headers
 
@@ -257,9 +293,12 @@ def hub(tmp_path: Path, tiny_llama_dir: Path) -> Iterator[HubServer]:
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(tmp_path)
             for key, value in {
-                "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf"),
-                "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"), "HF_HUB_DISABLE_XET": "1",
-                "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                "HF_ENDPOINT": server.url,
+                "HF_HOME": str(tmp_path / "hf"),
+                "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
+                "HF_HUB_DISABLE_XET": "1",
+                "HF_HUB_DISABLE_TELEMETRY": "1",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             }.items():
                 mp.setenv(key, value)
             for key in ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_TOKEN_PATH", "HUGGINGFACE_HUB_CACHE"):
@@ -287,7 +326,9 @@ def events(server: LiveServer, job: str) -> list[tuple[str, dict[str, object]]]:
 def test_pull_with_progress_then_chat_then_delete(hub: HubServer) -> None:
     settings = Settings()
     with live_server(settings) as server:
-        assert REPO not in {m["id"] for m in httpx.get(f"{server.url}/admin/models").json()["models"]}
+        assert REPO not in {
+            m["id"] for m in httpx.get(f"{server.url}/admin/models").json()["models"]
+        }
         r = httpx.post(f"{server.url}/admin/models", json={"model": REPO})
         assert r.status_code == 202, r.text
         job = r.json()["job"]
@@ -295,10 +336,15 @@ def test_pull_with_progress_then_chat_then_delete(hub: HubServer) -> None:
         states = [e for e, _ in seen]
         assert states[-1] == "done" and set(states) <= {"queued", "running", "done"}
         last = seen[-1][1]
-        assert last["error"] is None and isinstance(last["total"], int) and last["total"] > TINY_BYTES
+        assert (
+            last["error"] is None and isinstance(last["total"], int) and last["total"] > TINY_BYTES
+        )
         assert last["done"] == last["total"]
         files = last["files"]
-        assert isinstance(files, dict) and files["model.safetensors"]["done"] == files["model.safetensors"]["total"]
+        assert (
+            isinstance(files, dict)
+            and files["model.safetensors"]["done"] == files["model.safetensors"]["total"]
+        )
         assert "README.md" not in files  # only what loading needs
         partial = [d["done"] for e, d in seen if e == "running"]
         assert partial == sorted(partial)  # type: ignore[type-var]
@@ -309,11 +355,17 @@ def test_pull_with_progress_then_chat_then_delete(hub: HubServer) -> None:
         assert listing[REPO]["estimated_bytes"] == TINY_BYTES
 
         answer = chat(server, REPO)
-        assert answer.model == REPO and answer.usage is not None and answer.usage.completion_tokens >= 1
+        assert (
+            answer.model == REPO
+            and answer.usage is not None
+            and answer.usage.completion_tokens >= 1
+        )
 
         r = httpx.delete(f"{server.url}/admin/models/{REPO}")
         assert r.status_code == 200 and r.json()["freed_bytes"] > TINY_BYTES
-        assert REPO not in {m["id"] for m in httpx.get(f"{server.url}/admin/models").json()["models"]}
+        assert REPO not in {
+            m["id"] for m in httpx.get(f"{server.url}/admin/models").json()["models"]
+        }
         assert httpx.delete(f"{server.url}/admin/models/{REPO}").status_code == 404
 
         # a repo the hub does not have: the job fails with the engine's error
@@ -321,7 +373,11 @@ def test_pull_with_progress_then_chat_then_delete(hub: HubServer) -> None:
         seen = events(server, r.json()["job"])
         assert seen[-1][0] == "failed"
         error = seen[-1][1]["error"]
-        assert isinstance(error, dict) and error["type"] == "not_found" and "acme/missing" in error["message"]
+        assert (
+            isinstance(error, dict)
+            and error["type"] == "not_found"
+            and "acme/missing" in error["message"]
+        )
         assert httpx.get(f"{server.url}/admin/jobs/pull-999").status_code == 404
         r = httpx.post(f"{server.url}/admin/models", json={"model": "../etc"})
         assert r.status_code == 404

@@ -63,7 +63,9 @@ def _list_models(state: ServerState) -> dict[str, Any]:
     resident = {r.id: r for r in manager.resident()}
     entries: dict[str, dict[str, Any]] = {}
 
-    def entry(model_id: str, source: str, size: int | None, path: Path | None, **extra: Any) -> None:
+    def entry(
+        model_id: str, source: str, size: int | None, path: Path | None, **extra: Any
+    ) -> None:
         if model_id in entries:
             return
         res = resident.get(model_id)
@@ -85,13 +87,22 @@ def _list_models(state: ServerState) -> dict[str, Any]:
     for alias, path in manager.aliases().items():
         entry(alias, "alias", _disk_size(path) if path.exists() else None, path)
     for cached in cached_models():
-        entry(cached.repo_id, "hub", cached.size_on_disk, cached.path, commit=cached.commit,
-              refs=list(cached.refs))
+        entry(
+            cached.repo_id,
+            "hub",
+            cached.size_on_disk,
+            cached.path,
+            commit=cached.commit,
+            refs=list(cached.refs),
+        )
     for model_id in resident:
         entry(model_id, "resident", None, None)
     return {
         "models": list(entries.values()),
-        "memory": {"resident_bytes": manager.memory_used(), "limit_bytes": state.settings.memory_limit},
+        "memory": {
+            "resident_bytes": manager.memory_used(),
+            "limit_bytes": state.settings.memory_limit,
+        },
     }
 
 
@@ -127,7 +138,9 @@ async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
     state = state_of(request)
     mid = state.manager.check_id(model_id)
     if state.manager.reference(mid) is None:
-        raise ApiError("invalid_request", f"{mid!r} is the embedded default model; it cannot be deleted")
+        raise ApiError(
+            "invalid_request", f"{mid!r} is the embedded default model; it cannot be deleted"
+        )
     if mid in state.manager.aliases():
         raise ApiError(
             "invalid_request",
@@ -153,7 +166,9 @@ class PullJob:
     state: JobState = "queued"
     done: int = 0
     total: int | None = None
-    files: dict[str, dict[str, int | None]] = field(default_factory=dict[str, dict[str, int | None]])
+    files: dict[str, dict[str, int | None]] = field(
+        default_factory=dict[str, dict[str, int | None]]
+    )
     error: dict[str, str] | None = None
     path: str | None = None
     created: float = field(default_factory=time.time)
@@ -161,8 +176,14 @@ class PullJob:
 
     def view(self) -> dict[str, Any]:
         return {
-            "id": self.id, "model": self.model, "revision": self.revision, "state": self.state,
-            "done": self.done, "total": self.total, "files": self.files, "error": self.error,
+            "id": self.id,
+            "model": self.model,
+            "revision": self.revision,
+            "state": self.state,
+            "done": self.done,
+            "total": self.total,
+            "files": self.files,
+            "error": self.error,
             "path": self.path,
         }
 
@@ -182,7 +203,11 @@ class Jobs:
 
     def start(self, model: str, revision: str | None) -> PullJob:
         for job in self.jobs.values():
-            if job.model == model and job.revision == revision and job.state in ("queued", "running"):
+            if (
+                job.model == model
+                and job.revision == revision
+                and job.state in ("queued", "running")
+            ):
                 return job
         job = PullJob(f"pull-{next(self._ids)}", model, revision)
         self.jobs[job.id] = job
@@ -212,7 +237,10 @@ class Jobs:
                 err = from_engine(e)
                 job.state, job.error = "failed", {"type": err.kind, "message": err.message}
             except Exception as e:
-                job.state, job.error = "failed", {"type": "internal", "message": f"download failed: {e}"}
+                job.state, job.error = (
+                    "failed",
+                    {"type": "internal", "message": f"download failed: {e}"},
+                )
             else:
                 job.state, job.path = "done", str(path)
                 job.done = job.total if job.total is not None else job.done
@@ -245,7 +273,9 @@ async def start_pull(request: Request, body: PullRequest) -> JSONResponse:
     state = state_of(request)
     mid = state.manager.check_id(body.model)
     if "/" not in mid or mid in state.manager.aliases():
-        raise ApiError("invalid_request", f"{body.model!r} is not a hub repo id (owner/name)", "model")
+        raise ApiError(
+            "invalid_request", f"{body.model!r} is not a hub repo id (owner/name)", "model"
+        )
     job = jobs_of(request).start(mid, body.revision)
     return JSONResponse({"job": job.id, "state": job.state}, status_code=202)
 
@@ -276,8 +306,9 @@ async def job_events(request: Request, job_id: str) -> StreamingResponse:
                 yield ": keep-alive\n\n"
             await asyncio.sleep(0.05)  # at most ~20 reports a second
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 # -- the idle reaper -------------------------------------------------------------------------------

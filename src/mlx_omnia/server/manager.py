@@ -167,6 +167,16 @@ class ModelManager:
         with self._state:
             return list(self._resident.values())
 
+    def get_resident(self, model_id: str) -> Resident | None:
+        """The resident model marked busy (call `release`), or None; never loads."""
+        with self._state:
+            res = self._resident.get(model_id)
+            if res is not None:
+                res.busy += 1
+                res.last_used = time.monotonic()
+                self._resident.move_to_end(model_id)
+            return res
+
     def is_resident(self, model_id: str) -> bool:
         with self._state:
             return model_id in self._resident

@@ -53,12 +53,16 @@ class _Live(Collector):
         count.add_metric([], len(resident))
         yield count
         memory = GaugeMetricFamily(
-            "omnia_resident_model_bytes", "Memory held by a resident model's weights", labels=["model"]
+            "omnia_resident_model_bytes",
+            "Memory held by a resident model's weights",
+            labels=["model"],
         )
         for res in resident:
             memory.add_metric([res.id], res.nbytes)
         yield memory
-        limit = GaugeMetricFamily("omnia_memory_limit_bytes", "The server's memory budget for models")
+        limit = GaugeMetricFamily(
+            "omnia_memory_limit_bytes", "The server's memory budget for models"
+        )
         limit.add_metric([], self.manager.settings.memory_limit)
         yield limit
 
@@ -68,28 +72,42 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.scheduler: Scheduler | None = None
         self.requests = Counter(
-            "omnia_requests", "HTTP requests answered", ["dialect", "route", "status"],
+            "omnia_requests",
+            "HTTP requests answered",
+            ["dialect", "route", "status"],
             registry=self.registry,
         )
         self.prompt_tokens = Counter(
-            "omnia_prompt_tokens", "Prompt tokens of finished generations", ["model"],
+            "omnia_prompt_tokens",
+            "Prompt tokens of finished generations",
+            ["model"],
             registry=self.registry,
         )
         self.completion_tokens = Counter(
-            "omnia_completion_tokens", "Tokens generated (counted as they are produced)", ["model"],
+            "omnia_completion_tokens",
+            "Tokens generated (counted as they are produced)",
+            ["model"],
             registry=self.registry,
         )
         self.generations = Counter(
-            "omnia_generations", "Generations by how they ended", ["model", "finish_reason"],
+            "omnia_generations",
+            "Generations by how they ended",
+            ["model", "finish_reason"],
             registry=self.registry,
         )
         self.ttft = Histogram(
-            "omnia_time_to_first_token_seconds", "From queueing a request to its first piece",
-            ["model"], buckets=TTFT_BUCKETS, registry=self.registry,
+            "omnia_time_to_first_token_seconds",
+            "From queueing a request to its first piece",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
         )
         self.decode_rate = Histogram(
-            "omnia_decode_tokens_per_second", "Decode speed of each finished generation",
-            ["model"], buckets=RATE_BUCKETS, registry=self.registry,
+            "omnia_decode_tokens_per_second",
+            "Decode speed of each finished generation",
+            ["model"],
+            buckets=RATE_BUCKETS,
+            registry=self.registry,
         )
         self.registry.register(_Live(manager, lambda: self.scheduler))
         self._counted: dict[int, int] = {}  # id(job) -> completion tokens counted so far
@@ -117,7 +135,9 @@ class Metrics:
             if job.first_token_at is not None and piece.usage.completion_tokens > 1:
                 elapsed = time.monotonic() - job.first_token_at
                 if elapsed > 0:
-                    self.decode_rate.labels(model).observe((piece.usage.completion_tokens - 1) / elapsed)
+                    self.decode_rate.labels(model).observe(
+                        (piece.usage.completion_tokens - 1) / elapsed
+                    )
         if added:
             self.completion_tokens.labels(model).inc(added)
 
@@ -137,11 +157,15 @@ class Metrics:
         GET /metrics route."""
 
         @app.middleware("http")
-        async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        async def count(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
             try:
                 response = await call_next(request)
             except Exception:
-                self.requests.labels(dialect_of(request.url.path), _route(app, request), "500").inc()
+                self.requests.labels(
+                    dialect_of(request.url.path), _route(app, request), "500"
+                ).inc()
                 raise
             self.requests.labels(
                 dialect_of(request.url.path), _route(app, request), str(response.status_code)

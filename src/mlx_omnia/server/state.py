@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fastapi import Request
 
-from mlx_omnia import Chat, GenerationOptions
+from mlx_omnia import Chat, GenerationOptions, Model
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.scheduler import Job, Scheduler
 from mlx_omnia.server.settings import Settings
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -21,6 +25,17 @@ class ServerState:
 
     def job(self, model_id: str, input: Chat | str, options: GenerationOptions) -> Job:
         return Job(model_id, input, options, asyncio.get_running_loop())
+
+    async def with_model(self, model_id: str, fn: Callable[[Model], T]) -> T:
+        """Run `fn` (tokenizer work, no MLX) on the model off the event loop. A model that is not
+        resident is loaded on the engine thread, where all MLX work happens."""
+        res = self.manager.get_resident(model_id)
+        if res is None:
+            res = await self.scheduler.call(lambda: self.manager.get(model_id))
+        try:
+            return await asyncio.to_thread(fn, res.model)
+        finally:
+            self.manager.release(res)
 
 
 def state_of(request: Request) -> ServerState:

@@ -26,17 +26,30 @@ _DTYPE_NAMES: dict[str, mx.Dtype] = {
 
 # safetensors dtypes: (bytes per element, is a float that loading casts)
 _ST_DTYPES: dict[str, tuple[float, bool]] = {
-    "F64": (8, True), "F32": (4, True), "F16": (2, True), "BF16": (2, True),
-    "F8_E4M3": (1, True), "F8_E5M2": (1, True),
-    "I64": (8, False), "I32": (4, False), "I16": (2, False), "I8": (1, False),
-    "U64": (8, False), "U32": (4, False), "U16": (2, False), "U8": (1, False), "BOOL": (1, False),
+    "F64": (8, True),
+    "F32": (4, True),
+    "F16": (2, True),
+    "BF16": (2, True),
+    "F8_E4M3": (1, True),
+    "F8_E5M2": (1, True),
+    "I64": (8, False),
+    "I32": (4, False),
+    "I16": (2, False),
+    "I8": (1, False),
+    "U64": (8, False),
+    "U32": (4, False),
+    "U16": (2, False),
+    "U8": (1, False),
+    "BOOL": (1, False),
 }
 
 
 # -- pricing ---------------------------------------------------------------------------------------
 
 
-def estimate_memory(model_ref: str | Path | None = None, dtype: str | mx.Dtype | None = None) -> int:
+def estimate_memory(
+    model_ref: str | Path | None = None, dtype: str | mx.Dtype | None = None
+) -> int:
     """Bytes the weights of `model_ref` will take once loaded with `load(model_ref, dtype=...)`,
     read from file headers without loading anything (and without downloading: a hub repo id must
     already be in the HF cache, else ModelNotFoundError).
@@ -112,7 +125,10 @@ def _safetensors_shapes(file: Path) -> Iterator[tuple[str, list[int]]]:
         if name == "__metadata__" or not isinstance(info, dict):
             continue
         entry = cast(dict[str, Any], info)
-        yield str(entry.get("dtype", "F32")), [int(d) for d in cast(list[Any], entry.get("shape", []))]
+        yield (
+            str(entry.get("dtype", "F32")),
+            [int(d) for d in cast(list[Any], entry.get("shape", []))],
+        )
 
 
 def _exact(f: BinaryIO, n: int, file: Path) -> bytes:
@@ -124,7 +140,17 @@ def _exact(f: BinaryIO, n: int, file: Path) -> bytes:
 
 # GGUF metadata value types -> struct format of a scalar (8: string, 9: array)
 _GGUF_SCALARS: dict[int, str] = {
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
 }
 
 
@@ -237,7 +263,9 @@ def delete_cached(repo_id: str) -> int:
         info = scan_cache_dir(_hub_cache())
     except CacheNotFound:
         info = None
-    repos = [r for r in info.repos if r.repo_id == repo_id and r.repo_type == "model"] if info else []
+    repos = (
+        [r for r in info.repos if r.repo_id == repo_id and r.repo_type == "model"] if info else []
+    )
     if info is None or not repos:
         raise ModelNotFoundError(f"{repo_id!r} is not in the local HF cache")
     strategy = info.delete_revisions(*[rev.commit_hash for r in repos for rev in r.revisions])
@@ -290,7 +318,10 @@ def pull(
 
     try:
         plan = snapshot_download(
-            repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS, dry_run=True,
+            repo_id,
+            revision=revision,
+            allow_patterns=ALLOW_PATTERNS,
+            dry_run=True,
             tqdm_class=_quiet_tqdm(),
         )
     except Exception as e:
@@ -348,7 +379,9 @@ def pull(
             continue
         name = info.filename
         try:
-            hf_hub_download(repo_id, filename=name, revision=commit, tqdm_class=cast(Any, bar_for(name)))
+            hf_hub_download(
+                repo_id, filename=name, revision=commit, tqdm_class=cast(Any, bar_for(name))
+            )
         except Exception as e:
             raise hub_error(e, repo_id, revision, local_files_only=False) from e
         done[name] = sizes[name] or done[name]

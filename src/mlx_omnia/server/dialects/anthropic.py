@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal, cast
 
@@ -213,14 +212,7 @@ def _message(
 
 
 async def _count(state: ServerState, model_id: str, chat: Chat) -> int:
-    def count() -> int:
-        res = state.manager.get(model_id)
-        try:
-            return len(res.model.encode(chat))
-        finally:
-            state.manager.release(res)
-
-    return await asyncio.to_thread(count)
+    return await state.with_model(model_id, lambda model: len(model.encode(chat)))
 
 
 def _as_api_error(e: ApiError | OmniaError) -> ApiError:

@@ -11,7 +11,6 @@ also accepts) are read as their camelCase twins. A null field counts as absent."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -288,16 +287,8 @@ def _model_id(state: ServerState, name: str) -> str:
 
 
 async def _with_model(state: ServerState, model_id: str, fn: Callable[[Model], T]) -> T:
-    """Run `fn` on the model (loading it if needed) off the event loop."""
-
-    def work() -> T:
-        res = state.manager.get(model_id)
-        try:
-            return fn(res.model)
-        finally:
-            state.manager.release(res)
-
-    return await asyncio.to_thread(work)
+    """Run `fn` on the model (loading it on the engine thread if needed) off the event loop."""
+    return await state.with_model(model_id, fn)
 
 
 def _model_entry(model_id: str, model: Model | None) -> dict[str, Any]:
