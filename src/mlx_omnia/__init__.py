@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         estimate_memory,
         load,
         pull,
+        runtime_info,
     )
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "estimate_memory",
     "load",
     "pull",
+    "runtime_info",
 ]
 
 

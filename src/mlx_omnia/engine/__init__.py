@@ -28,6 +28,7 @@ from mlx_omnia.engine.loading.cache import (
     pull,
 )
 from mlx_omnia.engine.model import Model
+from mlx_omnia.engine.runtime import runtime_info
 from mlx_omnia.engine.types import (
     Chat,
     ChatMessage,
@@ -64,4 +65,5 @@ __all__ = [
     "estimate_memory",
     "load",
     "pull",
+    "runtime_info",
 ]

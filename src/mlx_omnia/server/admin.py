@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from mlx_omnia import (
     embedded_model,
     estimate_memory,
     pull,
+    runtime_info,
 )
 from mlx_omnia.server.dialects.common import sse
 from mlx_omnia.server.dialects.errors import from_engine
@@ -40,6 +42,53 @@ router = APIRouter()
 @router.get("/admin/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+def _system_memory() -> dict[str, int | None]:
+    def pages(name: str) -> int | None:
+        try:
+            return int(os.sysconf(name) * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+
+    return {"total_bytes": pages("SC_PHYS_PAGES"), "available_bytes": pages("SC_AVPHYS_PAGES")}
+
+
+@router.get("/admin/status")
+async def status(request: Request) -> dict[str, Any]:
+    """The daemon at a glance: host, backend, memory, resident models, queue, last answer."""
+    state = state_of(request)
+    now = time.monotonic()
+    last = state.last_answer
+    return {
+        "status": "ok",
+        "pid": os.getpid(),
+        "host": state.settings.host,
+        "port": state.settings.port,
+        "started_at": state.started_at,
+        "uptime_s": time.time() - state.started_at,
+        "runtime": runtime_info(),
+        "memory": {
+            **_system_memory(),
+            "limit_bytes": state.settings.memory_limit,
+            "resident_bytes": state.manager.memory_used(),
+        },
+        "default_model": state.manager.default_id,
+        "resident": [
+            {"id": r.id, "bytes": r.nbytes, "busy": r.busy > 0, "idle_s": now - r.last_used}
+            for r in state.manager.resident()
+        ],
+        "queue_depth": state.scheduler.depth,
+        "last_answer": None
+        if last is None
+        else {
+            "model": last.model,
+            "prompt_tokens": last.prompt_tokens,
+            "completion_tokens": last.completion_tokens,
+            "tokens_per_second": last.tokens_per_second,
+            "finished_at": last.finished_at,
+        },
+    }
 
 
 # -- models ----------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,7 +23,7 @@ from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.metrics import Metrics
 from mlx_omnia.server.scheduler import Scheduler
 from mlx_omnia.server.settings import Settings
-from mlx_omnia.server.state import ServerState
+from mlx_omnia.server.state import LastAnswer, ServerState
 
 OPEN_PATHS = ("/admin/health",)
 
@@ -44,6 +45,11 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
     state = ServerState(settings, manager, scheduler)
     metrics = Metrics(manager)
     metrics.attach(scheduler)
+
+    def remember(model: str, prompt: int, completion: int, rate: float | None) -> None:
+        state.last_answer = LastAnswer(model, prompt, completion, rate, time.time())
+
+    metrics.on_answer = remember
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:

@@ -111,6 +111,8 @@ class Metrics:
         )
         self.registry.register(_Live(manager, lambda: self.scheduler))
         self._counted: dict[int, int] = {}  # id(job) -> completion tokens counted so far
+        # Told of every finished generation: (model, prompt tokens, completion tokens, tok/s).
+        self.on_answer: Callable[[str, int, int, float | None], None] | None = None
         self._lock = threading.Lock()
 
     # -- the scheduler's hook (engine thread) -----------------------------------------------------
@@ -132,12 +134,14 @@ class Metrics:
             added += max(0, piece.usage.completion_tokens - counted)
             self.prompt_tokens.labels(model).inc(piece.usage.prompt_tokens)
             self.generations.labels(model, piece.finish_reason).inc()
+            rate: float | None = None
             if job.first_token_at is not None and piece.usage.completion_tokens > 1:
                 elapsed = time.monotonic() - job.first_token_at
                 if elapsed > 0:
-                    self.decode_rate.labels(model).observe(
-                        (piece.usage.completion_tokens - 1) / elapsed
-                    )
+                    rate = (piece.usage.completion_tokens - 1) / elapsed
+                    self.decode_rate.labels(model).observe(rate)
+            if self.on_answer is not None:
+                self.on_answer(model, piece.usage.prompt_tokens, piece.usage.completion_tokens, rate)
         if added:
             self.completion_tokens.labels(model).inc(added)
 

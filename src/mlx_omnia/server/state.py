@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fastapi import Request
@@ -18,10 +19,23 @@ T = TypeVar("T")
 
 
 @dataclass
+class LastAnswer:
+    """The most recent finished generation, for status displays."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    tokens_per_second: float | None
+    finished_at: float
+
+
+@dataclass
 class ServerState:
     settings: Settings
     manager: ModelManager
     scheduler: Scheduler
+    started_at: float = field(default_factory=time.time)
+    last_answer: LastAnswer | None = None
 
     def job(self, model_id: str, input: Chat | str, options: GenerationOptions) -> Job:
         return Job(model_id, input, options, asyncio.get_running_loop())

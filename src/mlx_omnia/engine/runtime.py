@@ -1,0 +1,38 @@
+"""What the engine runs on: backend, device, versions, the BLAS in use."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import mlx.core as mx
+
+from mlx_omnia.engine import blas
+
+
+def _version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def runtime_info() -> dict[str, str | None]:
+    """Backend facts for status displays: {"backend": "metal"|"cuda"|"cpu", "device", ...}."""
+    on_gpu = mx.default_device() == mx.gpu
+    if not on_gpu:
+        backend = "cpu"
+    elif sys.platform == "darwin":
+        backend = "metal"
+    else:
+        backend = "cuda"
+    return {
+        "backend": backend,
+        "device": str(mx.default_device()),
+        "mlx": _version("mlx"),
+        "mlx_omnia": _version("mlx-omnia"),
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "blas": blas.loaded,
+    }
