@@ -89,20 +89,13 @@ class ModelManager:
     def get(self, model_id: str) -> Resident:
         """The resident model, loading it (and evicting LRU idle models) if needed.
         Marks it busy: call `release` when done."""
-        with self._state:
-            res = self._resident.get(model_id)
-            if res is not None:
-                res.busy += 1
-                res.last_used = time.monotonic()
-                self._resident.move_to_end(model_id)
-                return res
+        res = self.get_resident(model_id)
+        if res is not None:
+            return res
         with self._loading:
-            with self._state:
-                res = self._resident.get(model_id)
-                if res is not None:
-                    res.busy += 1
-                    res.last_used = time.monotonic()
-                    return res
+            res = self.get_resident(model_id)  # loaded while we waited for the lock
+            if res is not None:
+                return res
             reference = self._reference(model_id)
             self._make_room(model_id, reference)
             model = self._loader(reference)
