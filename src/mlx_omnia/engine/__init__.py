@@ -27,7 +27,7 @@ from mlx_omnia.engine.loading.cache import (
     estimate_memory,
     pull,
 )
-from mlx_omnia.engine.model import Model
+from mlx_omnia.engine.model import Decoding, Model
 from mlx_omnia.engine.runtime import runtime_info
 from mlx_omnia.engine.types import (
     Chat,
@@ -47,6 +47,7 @@ __all__ = [
     "CheckpointError",
     "Completion",
     "ContextLengthError",
+    "Decoding",
     "DownloadError",
     "GenerationOptions",
     "InvalidOptionsError",

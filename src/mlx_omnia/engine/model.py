@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,25 @@ class GenerationDefaults:
         )
 
 
+class Decoding:
+    """One sequence being decoded: `feed` runs ids through the network, extending the cache."""
+
+    def __init__(self, network: Network) -> None:
+        self._network = network
+        self._cache = network.make_cache()
+        self.length = 0
+
+    def feed(self, ids: Sequence[int]) -> mx.array:
+        """Logits [len(ids), V] for `ids` following everything fed so far (lazy: evaluate them)."""
+        out = self._network(mx.array([list(ids)], dtype=mx.int32), self._cache)[0]
+        self.length += len(ids)
+        return out
+
+    def state(self) -> list[mx.array]:
+        """The cache arrays, to evaluate together with the logits."""
+        return [a for c in self._cache for a in c.state()]
+
+
 class Model:
     """A loaded model: its network, tokenizer, signature and generation defaults."""
 
@@ -110,6 +129,12 @@ class Model:
         """Full-sequence logits [L, V] for `ids` (float32), without a cache."""
         net: Network = self.network  # type: ignore[assignment]  # families satisfy Network structurally
         return net(mx.array([ids], dtype=mx.int32))[0].astype(mx.float32)
+
+    def decoding(self) -> Decoding:
+        """A fresh sequence with its own KV cache, fed token ids directly (teacher forcing,
+        benchmarks, custom samplers)."""
+        net: Network = self.network  # type: ignore[assignment]
+        return Decoding(net)
 
     # -- outputs ---------------------------------------------------------------------------
     def stream(self, input: Chat | str, options: GenerationOptions | None = None) -> Iterator[Piece]:
