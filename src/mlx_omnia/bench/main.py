@@ -1,0 +1,510 @@
+"""`omnia-bench`: the engine against mlx-lm (and its reference kernels, and older revisions of
+itself) on the same checkpoint and the same token stream. See docs/benchmarks.md.
+
+    omnia-bench interleaved --model qwen3-4b [--quantize 4] [--reference] [--json OUT]
+    omnia-bench interleaved --model qwen3-4b --explain
+    omnia-bench paired --ref REV --model qwen3-4b
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Generator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+import mlx.core as mx
+import numpy as np
+
+import mlx_omnia
+from mlx_omnia.bench import measure
+from mlx_omnia.bench.shapes import DTYPES, SHAPES, build_checkpoint
+
+Out = Callable[[str], None]
+
+
+# -- what every command shares --------------------------------------------------------------
+def _progress(message: str) -> None:
+    print(f"[omnia-bench] {message}", file=sys.stderr, flush=True)
+
+
+def _git_revision(tree: Path) -> str | None:
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(tree), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return rev or None
+
+
+def _source_root() -> Path:
+    """The tree this mlx_omnia was imported from (…/src/mlx_omnia/__init__.py -> …)."""
+    return Path(mlx_omnia.__file__).resolve().parents[2]
+
+
+def environment() -> dict[str, Any]:
+    """Device and versions, as printed and as written to the JSON."""
+    info: dict[str, Any] = dict(mlx_omnia.runtime_info())
+    info["device"] = str(mx.default_device())
+    info["mlx"] = str(getattr(mx, "__version__", "?"))
+    info["mlx_lm"] = measure.mlx_lm_importable()
+    info["mlx_omnia_revision"] = _git_revision(_source_root())
+    info["python"] = platform.python_version()
+    return info
+
+
+def _print_environment(env: dict[str, Any], out: Out) -> None:
+    out(
+        f"device: {env['device']} ({env.get('backend')})  mlx {env['mlx']}  "
+        f"mlx-lm {env['mlx_lm'] or 'not importable'}  "
+        f"mlx-omnia {env.get('mlx_omnia_revision') or env.get('mlx_omnia') or '?'}  "
+        f"python {env['python']}  blas {env.get('blas') or 'MLX default'}"
+    )
+
+
+@contextmanager
+def checkpoint(model: str, *, dtype: str, seed: int, workdir: str | None) -> Generator[Path, None, None]:
+    """A checkpoint directory: `model` itself when it is one, else a random-weight checkpoint
+    of the named shape, built for this run and removed after it."""
+    given = Path(model)
+    if given.is_dir():
+        yield given
+        return
+    if model not in SHAPES:
+        raise SystemExit(
+            f"--model {model!r} is neither a checkpoint directory nor a known shape "
+            f"({', '.join(SHAPES)})"
+        )
+    with tempfile.TemporaryDirectory(prefix="omnia-bench-", dir=workdir) as tmp:
+        _progress(f"building a random-weight {model} checkpoint ({dtype}) in {tmp}")
+        yield build_checkpoint(model, Path(tmp) / model, dtype=dtype, seed=seed)
+
+
+def token_stream(path: Path, *, prompt: int, generate: int, seed: int) -> tuple[list[int], list[int]]:
+    """Fixed random ids below the model's vocab_size: the prompt, then the teacher-forced ids."""
+    config = cast(dict[str, Any], json.loads((path / "config.json").read_text()))
+    vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
+    rng = np.random.default_rng(seed)
+    ids = [int(i) for i in rng.integers(0, vocab, size=prompt + generate)]
+    return ids[:prompt], ids[prompt:]
+
+
+def _quantize(args: argparse.Namespace) -> tuple[int, int] | None:
+    return None if args.quantize is None else (int(args.quantize), int(args.group_size))
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# -- the table ------------------------------------------------------------------------------
+@dataclass
+class Row:
+    arm: str
+    prefill_tok_s: float
+    decode_tok_s: float
+    weight_bytes: int
+    floor_tok_s: float | None
+    prefill_ratio: float | None = None
+    decode_ratio: float | None = None
+
+    @property
+    def floor_share(self) -> float | None:
+        return None if not self.floor_tok_s else self.decode_tok_s / self.floor_tok_s
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table(rows: Sequence[Row], against: str) -> str:
+    head = (
+        "arm", "prefill tok/s", "decode tok/s", f"prefill vs {against}",
+        f"decode vs {against}", "weights MB", "floor tok/s", "% of floor",
+    )
+    body = [
+        (
+            r.arm,
+            _fmt(r.prefill_tok_s, ",.1f"),
+            _fmt(r.decode_tok_s, ",.2f"),
+            _fmt(r.prefill_ratio, ".3f", "x"),
+            _fmt(r.decode_ratio, ".3f", "x"),
+            _fmt(r.weight_bytes / 1e6, ",.1f"),
+            _fmt(r.floor_tok_s, ",.1f"),
+            _fmt(None if r.floor_share is None else 100 * r.floor_share, ".1f", " %"),
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
+
+
+def _ratios(rows: list[Row], baseline: str) -> None:
+    base = next((r for r in rows if r.arm == baseline), None)
+    if base is None:
+        return
+    for r in rows:
+        r.prefill_ratio = r.prefill_tok_s / base.prefill_tok_s
+        r.decode_ratio = r.decode_tok_s / base.decode_tok_s
+
+
+# -- interleaved ----------------------------------------------------------------------------
+def explain(path: Path, args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    """The implementation bound to each layer declaration, grouped by implementation name."""
+    report: dict[str, Any] = {}
+    for reference in (False, True) if args.reference else (False,):
+        arm = measure.omnia_arm(
+            str(path), dtype=args.dtype, quantize=_quantize(args), reference=reference
+        )
+        groups: dict[str, Counter[str]] = {}
+        for module_path, impl in arm.bindings.items():
+            pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module_path)
+            groups.setdefault(impl, Counter())[pattern] += 1
+        out(f"bindings ({arm.name}): {len(arm.bindings)} layer declarations")
+        for impl, patterns in sorted(groups.items()):
+            out(f"  {impl}: {sum(patterns.values())}")
+            width = max(len(p) for p in patterns)
+            for pattern, count in sorted(patterns.items()):
+                out(f"    {pattern.ljust(width)}  x{count}")
+        report[arm.name] = arm.bindings
+    return report
+
+
+def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
+    """Every arm in this process on one checkpoint and one token stream; runs rotate the order."""
+    env = environment()
+    quantize = _quantize(args)
+    with checkpoint(args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir) as path:
+        if args.explain:
+            _print_environment(env, out)
+            bound = {"command": "explain", "environment": env, "bindings": explain(path, args, out)}
+            if args.json:
+                Path(args.json).write_text(json.dumps(bound, indent=2))
+            return bound
+        prompt, generate = token_stream(
+            path, prompt=args.prompt, generate=args.generate, seed=args.seed
+        )
+        notes: list[str] = []
+        arms: list[measure.Arm] = []
+        _progress("loading omnia")
+        arms.append(measure.omnia_arm(str(path), dtype=args.dtype, quantize=quantize, reference=False))
+        if args.reference:
+            _progress("loading omnia-reference (OMNIA_REFERENCE_KERNELS=1)")
+            arms.append(
+                measure.omnia_arm(str(path), dtype=args.dtype, quantize=quantize, reference=True)
+            )
+        if args.against == "mlx-lm":
+            if env["mlx_lm"] is None:
+                notes.append(
+                    "mlx-lm arm skipped: mlx_lm is not importable (pip install mlx-lm==0.32.2)"
+                )
+            else:
+                _progress("loading mlx-lm")
+                arms.append(measure.mlx_lm_arm(str(path), dtype=args.dtype, quantize=quantize))
+        _progress(f"copy bandwidth ({args.bandwidth_mib} MiB)")
+        bandwidth = measure.copy_bandwidth(args.bandwidth_mib * 2**20)
+        for arm in arms:
+            _progress(f"warming up {arm.name}")
+            measure.warm_up(arm, prompt, generate)
+        results: dict[str, list[measure.RunResult]] = {a.name: [] for a in arms}
+        orders: list[list[str]] = []
+        for r in range(args.runs):
+            order = arms[r % len(arms):] + arms[: r % len(arms)]
+            orders.append([a.name for a in order])
+            for arm in order:
+                _progress(f"run {r + 1}/{args.runs}: {arm.name}")
+                results[arm.name].append(measure.run_once(arm, prompt, generate))
+
+        rows: list[Row] = []
+        for arm in arms:
+            runs = results[arm.name]
+            rows.append(Row(
+                arm=arm.name,
+                prefill_tok_s=len(prompt) / _median([x.prefill_s for x in runs]),
+                decode_tok_s=1.0 / _median([x.decode_median_s for x in runs]),
+                weight_bytes=arm.weight_bytes,
+                floor_tok_s=bandwidth / arm.weight_bytes if arm.weight_bytes else None,
+            ))
+        baseline = "mlx-lm" if "mlx-lm" in results else arms[0].name
+        _ratios(rows, baseline)
+        checks = _checks(arms[0].name, results)
+
+        _print_environment(env, out)
+        source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
+        q = "none" if quantize is None else f"affine {quantize[0]}-bit g{quantize[1]}"
+        out(
+            f"model: {source}  dtype {args.dtype}  quantize {q}  prompt {len(prompt)}  "
+            f"generate {len(generate)}  runs {args.runs}"
+        )
+        out(f"copy bandwidth: {bandwidth / 1e9:,.1f} GB/s (floor tok/s = bandwidth / weight bytes)")
+        for name, check in checks.items():
+            out(
+                f"check {name} vs {arms[0].name}: decode argmax agree {check['argmax_agree']}/"
+                f"{check['steps']}, prompt last-row logits max |diff| "
+                f"{check['prefill_logits_max_abs_diff']:.3g} (of max |logit| "
+                f"{check['prefill_logits_max_abs']:.3g})"
+            )
+        for note in notes:
+            out(note)
+        out("")
+        out(table(rows, baseline))
+
+        report: dict[str, Any] = {
+            "command": "interleaved",
+            "environment": env,
+            "model": {"source": source, "config": json.loads((path / "config.json").read_text())},
+            "options": {
+                "dtype": args.dtype,
+                "quantize": None if quantize is None else {"bits": quantize[0], "group_size": quantize[1]},
+                "prompt": len(prompt),
+                "generate": len(generate),
+                "runs": args.runs,
+                "seed": args.seed,
+            },
+            "notes": notes,
+            "copy_bandwidth_bytes_per_s": bandwidth,
+            "run_orders": orders,
+            "baseline": baseline,
+            "checks": checks,
+            "arms": {
+                arm.name: {
+                    "weight_bytes": arm.weight_bytes,
+                    "runs": [
+                        {
+                            "prefill_s": x.prefill_s,
+                            "decode_median_s": x.decode_median_s,
+                            "decode_step_s": x.decode_step_s,
+                        }
+                        for x in results[arm.name]
+                    ],
+                }
+                for arm in arms
+            },
+            "table": [_row_json(r) for r in rows],
+        }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _row_json(r: Row) -> dict[str, Any]:
+    return {
+        "arm": r.arm,
+        "prefill_tok_s": r.prefill_tok_s,
+        "decode_tok_s": r.decode_tok_s,
+        "prefill_ratio": r.prefill_ratio,
+        "decode_ratio": r.decode_ratio,
+        "weight_bytes": r.weight_bytes,
+        "floor_tok_s": r.floor_tok_s,
+        "floor_share": r.floor_share,
+    }
+
+
+def _checks(first: str, results: dict[str, list[measure.RunResult]]) -> dict[str, dict[str, Any]]:
+    """Each arm's first run against the first arm's: they computed the same model on the same
+    ids, so the logits must agree (up to the dtype's rounding) and the argmaxes nearly always."""
+    ref = results[first][0]
+    checks: dict[str, dict[str, Any]] = {}
+    for name, runs in results.items():
+        if name == first:
+            continue
+        run = runs[0]
+        agree = sum(a == b for a, b in zip(run.decode_argmax, ref.decode_argmax, strict=True))
+        checks[name] = {
+            "steps": len(ref.decode_argmax),
+            "argmax_agree": agree,
+            "prefill_last_argmax": [
+                int(np.argmax(ref.prefill_last_logits)), int(np.argmax(run.prefill_last_logits))
+            ],
+            "prefill_logits_max_abs_diff": float(
+                np.max(np.abs(run.prefill_last_logits - ref.prefill_last_logits))
+            ),
+            "prefill_logits_max_abs": float(np.max(np.abs(ref.prefill_last_logits))),
+        }
+    return checks
+
+
+# -- paired ---------------------------------------------------------------------------------
+def _reference_tree(ref: str, into: Path) -> Path:
+    """A tree with src/mlx_omnia: `ref` itself when it is such a directory, else the git
+    revision `ref` of this checkout, extracted with `git archive` (no worktree, no checkout)."""
+    given = Path(ref)
+    if (given / "src" / "mlx_omnia").is_dir():
+        return given.resolve()
+    root = _source_root()
+    try:
+        data = subprocess.run(
+            ["git", "-C", str(root), "archive", "--format=tar", ref, "src"],
+            capture_output=True, check=True, timeout=120,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        raise SystemExit(
+            f"--ref {ref!r}: not a tree with src/mlx_omnia and not a revision git can archive in "
+            f"{root} ({detail.decode(errors='replace').strip() or e}); on a machine without the "
+            "git history, extract it first: git archive REV src | tar -x -C bench-ref"
+        ) from e
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def _run_child(tree: Path, spec_file: Path, out_file: Path) -> dict[str, Any]:
+    script = Path(measure.__file__).resolve()
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    done = subprocess.run(
+        [sys.executable, "-P", str(script), str(spec_file), str(out_file)], env=env, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the bench arm under {tree} failed (exit {done.returncode})")
+    result = cast(dict[str, Any], json.loads(out_file.read_text()))
+    imported = Path(str(result["mlx_omnia_file"])).resolve()
+    if not imported.is_relative_to(tree.resolve()):
+        raise SystemExit(f"the arm for {tree} imported mlx_omnia from {imported}, not from that tree")
+    return result
+
+
+def paired(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
+    """This tree against another revision, each arm in its own process (one process per run:
+    a fresh process pays its own loads and warm-ups), runs alternated; medians and the ratio."""
+    env = environment()
+    quantize = _quantize(args)
+    work_tree = _source_root()
+    with (
+        checkpoint(args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir) as path,
+        tempfile.TemporaryDirectory(prefix="omnia-bench-paired-") as tmp,
+    ):
+        ref_tree = _reference_tree(args.ref, Path(tmp) / "ref")
+        prompt, generate = token_stream(
+            path, prompt=args.prompt, generate=args.generate, seed=args.seed
+        )
+        spec = {
+            "path": str(path), "dtype": args.dtype,
+            "quantize": None if quantize is None else list(quantize),
+            "reference": False, "prompt": prompt, "generate": generate, "runs": 1,
+        }
+        spec_file = Path(tmp) / "spec.json"
+        spec_file.write_text(json.dumps(spec))
+        _progress(f"copy bandwidth ({args.bandwidth_mib} MiB)")
+        bandwidth = measure.copy_bandwidth(args.bandwidth_mib * 2**20)
+        trees = {"working": work_tree, f"ref {args.ref}": ref_tree}
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        names = list(trees)
+        for r in range(args.runs):
+            for name in names[r % 2:] + names[: r % 2]:
+                _progress(f"run {r + 1}/{args.runs}: {name} ({trees[name]})")
+                child = _run_child(trees[name], spec_file, Path(tmp) / "out.json")
+                results[name].append(child)
+
+    rows: list[Row] = []
+    for name in names:
+        runs = [run for child in results[name] for run in child["runs"]]
+        weight_bytes = int(results[name][0]["weight_bytes"])
+        rows.append(Row(
+            arm=name,
+            prefill_tok_s=len(prompt) / _median([float(x["prefill_s"]) for x in runs]),
+            decode_tok_s=1.0 / _median([_median(x["decode_step_s"]) for x in runs]),
+            weight_bytes=weight_bytes,
+            floor_tok_s=bandwidth / weight_bytes if weight_bytes else None,
+        ))
+    _ratios(rows, names[1])
+    first_runs = [results[name][0]["runs"][0] for name in names]
+    same = first_runs[0]["decode_argmax"] == first_runs[1]["decode_argmax"]
+    _print_environment(env, out)
+    out(f"model: {args.model}  dtype {args.dtype}  prompt {len(prompt)}  generate {len(generate)}  "
+        f"runs {args.runs}  working {_git_revision(work_tree) or work_tree}  ref {args.ref}")
+    out(f"copy bandwidth: {bandwidth / 1e9:,.1f} GB/s")
+    out(f"check: decode argmax streams {'identical' if same else 'DIFFER'} between the trees")
+    out("")
+    out(table(rows, "ref"))
+    report: dict[str, Any] = {
+        "command": "paired",
+        "environment": env,
+        "ref": args.ref,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "argmax_identical": same,
+        "arms": results,
+        "table": [_row_json(r) for r in rows],
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+# -- the command line -----------------------------------------------------------------------
+def _common(p: argparse.ArgumentParser, *, default_mib: int) -> None:
+    p.add_argument("--model", required=True,
+                   help=f"a checkpoint directory, or a shape to build with random weights: {', '.join(SHAPES)}")
+    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--quantize", type=int, choices=[2, 3, 4, 5, 6, 8], default=None,
+                   help="affine-quantize at load, both arms the same way (bits)")
+    p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
+    p.add_argument("--prompt", type=int, default=512, help="prompt length in tokens")
+    p.add_argument("--generate", type=int, default=128, help="teacher-forced decode steps")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0, help="for the random weights and token ids")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the details here")
+    p.add_argument("--workdir", default=None, help="where random checkpoints are built (a temp dir)")
+    p.add_argument("--bandwidth-mib", type=int, default=default_mib,
+                   help="size of the array copied to measure bandwidth")
+
+
+def parser() -> argparse.ArgumentParser:
+    default_mib = 256 if mx.default_device() == mx.cpu else 2048
+    top = argparse.ArgumentParser(prog="omnia-bench", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="command", required=True)
+    inter = sub.add_parser("interleaved", help="all arms in this process, interleaved")
+    _common(inter, default_mib=default_mib)
+    inter.add_argument("--against", choices=["mlx-lm", "none"], default="mlx-lm",
+                       help="the baseline arm (skipped, with a note, when mlx_lm is not importable)")
+    inter.add_argument("--reference", action="store_true",
+                       help="add the omnia-reference arm (OMNIA_REFERENCE_KERNELS=1)")
+    inter.add_argument("--explain", action="store_true",
+                       help="print the implementation bound to each layer declaration and exit")
+    pair = sub.add_parser("paired", help="this tree against another revision, one process per arm")
+    _common(pair, default_mib=default_mib)
+    pair.add_argument("--ref", required=True,
+                      help="a git revision of this checkout, or a directory holding src/mlx_omnia")
+    return top
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.prompt < 1 or args.generate < 1 or args.runs < 1:
+        raise SystemExit("--prompt, --generate and --runs must be at least 1")
+    stream = out or sys.stdout
+
+    def write(line: str) -> None:
+        print(line, file=stream, flush=True)
+
+    if args.command == "paired":
+        paired(args, write)
+    else:
+        interleaved(args, write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,216 @@
+"""Arms and their timing: load a checkpoint one way, feed it a fixed token stream, time it.
+
+Self-contained on purpose (imports only `mlx_omnia`'s public API, MLX and mlx-lm): `omnia-bench
+paired` runs this file as a script under another tree's `src`, which has no bench package.
+
+    python -P measure.py SPEC.json OUT.json     # one arm, as `paired` starts it
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import mlx_omnia
+
+# Import the engine before mlx.core: on Linux it loads the system BLAS into the global scope first.
+_ENGINE_FIRST = mlx_omnia.runtime_info
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
+
+# feed(ids) -> (logits [len(ids), V], cache arrays): lazy, the caller evaluates them together.
+Feed = Callable[[Sequence[int]], tuple[mx.array, list[mx.array]]]
+
+
+def evaluate(*arrays: mx.array | list[mx.array]) -> None:
+    """mx.eval with typed arguments (the stub leaves *args untyped)."""
+    mx.eval(*arrays)  # pyright: ignore[reportUnknownMemberType]
+
+
+@dataclass
+class Arm:
+    """One way of running the checkpoint: a name, its weight bytes, and fresh sequences."""
+
+    name: str
+    weight_bytes: int
+    new_sequence: Callable[[], Feed]
+    bindings: dict[str, str] = field(default_factory=dict[str, str])
+
+
+@dataclass
+class RunResult:
+    prefill_s: float
+    decode_step_s: list[float]
+    # For the cross-arm check (not timed): last prompt row's logits and each step's argmax.
+    prefill_last_logits: np.ndarray[Any, np.dtype[np.float32]]
+    decode_argmax: list[int]
+
+    @property
+    def decode_median_s(self) -> float:
+        return statistics.median(self.decode_step_s)
+
+
+def omnia_arm(
+    path: str, *, dtype: str, quantize: tuple[int, int] | None, reference: bool
+) -> Arm:
+    """The engine through its public API; `reference` binds the core implementations."""
+    before = os.environ.get(FORCE_REFERENCE_ENV)
+    os.environ[FORCE_REFERENCE_ENV] = "1" if reference else "0"  # read once, at binding
+    try:
+        q = None if quantize is None else {"bits": quantize[0], "group_size": quantize[1]}
+        model = mlx_omnia.load(path, dtype=dtype, quantize=q)
+    finally:
+        if before is None:
+            del os.environ[FORCE_REFERENCE_ENV]
+        else:
+            os.environ[FORCE_REFERENCE_ENV] = before
+
+    def new_sequence() -> Feed:
+        decoding = model.decoding()
+
+        def feed(ids: Sequence[int]) -> tuple[mx.array, list[mx.array]]:
+            return decoding.feed(ids), decoding.state()
+
+        return feed
+
+    # An older tree (`paired --ref`) may predate nbytes/bindings.
+    nbytes = cast(int, getattr(model, "nbytes", 0))
+    bindings_of = getattr(model, "bindings", None)
+    bindings = cast(dict[str, str], bindings_of()) if callable(bindings_of) else {}
+    name = "omnia-reference" if reference else "omnia"
+    return Arm(name, nbytes, new_sequence, bindings)
+
+
+def mlx_lm_importable() -> str | None:
+    """mlx-lm's version when it can be imported, else None."""
+    try:
+        module = importlib.import_module("mlx_lm")
+    except ImportError:
+        return None
+    return str(getattr(module, "__version__", "?"))
+
+
+def mlx_lm_arm(path: str, *, dtype: str, quantize: tuple[int, int] | None) -> Arm:
+    """mlx-lm loading the same directory, cast and quantized as the engine does it: cast the
+    floats to `dtype`, then affine-quantize every Linear/Embedding whose input dimension is a
+    multiple of the group size."""
+    utils: Any = importlib.import_module("mlx_lm.utils")
+    cache_module: Any = importlib.import_module("mlx_lm.models.cache")
+    nn: Any = importlib.import_module("mlx.nn")
+    tree_flatten: Any = importlib.import_module("mlx.utils").tree_flatten
+    model, _ = utils.load_model(Path(path))
+    model.set_dtype(getattr(mx, dtype))
+    if quantize is not None:
+        bits, group_size = quantize
+
+        def quantizable(_: str, module: Any) -> bool:
+            return hasattr(module, "to_quantized") and module.weight.shape[-1] % group_size == 0
+
+        nn.quantize(model, group_size=group_size, bits=bits, class_predicate=quantizable)
+    params = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    evaluate([a for _, a in params])
+    nbytes = sum(a.nbytes for _, a in params)
+
+    def new_sequence() -> Feed:
+        cache = cache_module.make_prompt_cache(model)
+
+        def feed(ids: Sequence[int]) -> tuple[mx.array, list[mx.array]]:
+            logits = cast(mx.array, model(mx.array([list(ids)], dtype=mx.int32), cache=cache))
+            state = [cast(mx.array, a) for c in cache for a in c.state]
+            return logits[0], state
+
+        return feed
+
+    return Arm("mlx-lm", nbytes, new_sequence)
+
+
+def run_once(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> RunResult:
+    """Prefill the prompt, then teacher-force `generate` one id a step, evaluating logits and
+    cache each step (synchronously: each step's time is its whole latency)."""
+    feed = arm.new_sequence()
+    start = time.perf_counter()
+    logits, state = feed(prompt)
+    evaluate(logits, *state)
+    prefill_s = time.perf_counter() - start
+    last = np.array(logits[-1].astype(mx.float32), dtype=np.float32)
+    steps: list[float] = []
+    argmax: list[int] = []
+    for token in generate:
+        start = time.perf_counter()
+        logits, state = feed([token])
+        evaluate(logits, *state)
+        steps.append(time.perf_counter() - start)
+        argmax.append(cast(int, mx.argmax(logits[-1]).item()))  # untimed
+    return RunResult(prefill_s, steps, last, argmax)
+
+
+def copy_bandwidth(nbytes: int, reps: int = 10) -> float:
+    """Copy-like bandwidth in bytes/s: read a float32 array, write one of the same size."""
+    n = max(nbytes // 4, 1)
+    a = mx.random.uniform(shape=(n,))
+    evaluate(a)
+    times: list[float] = []
+    for i in range(reps + 2):
+        start = time.perf_counter()
+        b = a + 1.0
+        evaluate(b)
+        if i >= 2:  # two warm-ups
+            times.append(time.perf_counter() - start)
+        del b
+    del a
+    mx.clear_cache()
+    return 2 * 4 * n / statistics.median(times)
+
+
+def warm_up(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> None:
+    """One untimed pass of the same prompt length (kernels compiled, buffers allocated)."""
+    run_once(arm, prompt, generate[: min(len(generate), 4)])
+
+
+def run_arm_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """One arm in this process, for `paired`: load, warm up, `runs` timed runs."""
+    quantize = spec.get("quantize")
+    q = None if quantize is None else (int(quantize[0]), int(quantize[1]))
+    arm = omnia_arm(
+        str(spec["path"]), dtype=str(spec["dtype"]), quantize=q, reference=bool(spec["reference"])
+    )
+    prompt, generate = list(spec["prompt"]), list(spec["generate"])
+    warm_up(arm, prompt, generate)
+    runs = [run_once(arm, prompt, generate) for _ in range(int(spec.get("runs", 1)))]
+    return {
+        "mlx_omnia_file": mlx_omnia.__file__,
+        "weight_bytes": arm.weight_bytes,
+        "runs": [
+            {
+                "prefill_s": r.prefill_s,
+                "decode_step_s": r.decode_step_s,
+                "decode_argmax": r.decode_argmax,
+                "prefill_last_argmax": int(np.argmax(r.prefill_last_logits)),
+            }
+            for r in runs
+        ],
+    }
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -P measure.py SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    spec = cast(dict[str, Any], json.loads(Path(argv[0]).read_text()))
+    Path(argv[1]).write_text(json.dumps(run_arm_spec(spec)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,123 @@
+"""omnia-bench on the tiny shape: the output has its fields, and every arm computed the same thing.
+
+No speed is asserted here (PERF.md: performance claims live in the bench output, not in tests)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlx_omnia.bench import main as bench
+from mlx_omnia.bench import measure
+from mlx_omnia.bench.shapes import SHAPES, tensor_shapes
+
+HAS_MLX_LM = measure.mlx_lm_importable() is not None
+SMALL = ["--model", "tiny", "--prompt", "16", "--generate", "8", "--runs", "1",
+         "--bandwidth-mib", "8"]
+
+
+def run_bench(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    out = io.StringIO()
+    report_file = tmp_path / "bench.json"
+    assert bench.main([*args, "--json", str(report_file)], out=out) == 0
+    return out.getvalue(), json.loads(report_file.read_text())
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The table printed last: {arm: cells}."""
+    lines = text.rstrip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("arm "))
+    return {line.split()[0]: line.split() for line in lines[start + 2:]}
+
+
+def assert_positive_row(row: dict[str, Any]) -> None:
+    for key in ("prefill_tok_s", "decode_tok_s", "weight_bytes", "floor_tok_s", "floor_share"):
+        assert row[key] > 0 and math.isfinite(row[key]), (key, row)
+
+
+def test_named_shapes_have_the_published_parameter_counts() -> None:
+    counts = {name: sum(math.prod(s) for s in tensor_shapes(c).values()) for name, c in SHAPES.items()}
+    assert counts["qwen3-4b"] == 4_022_468_096
+    assert counts["qwen3-0.6b"] == 596_049_920
+    assert counts["llama3.2-1b"] == 1_235_814_400
+    assert counts["smollm2-135m"] == 134_515_008
+
+
+def test_interleaved_float32_arms_compute_the_same_logits(tmp_path: Path) -> None:
+    text, report = run_bench(tmp_path, "interleaved", *SMALL, "--dtype", "float32", "--reference")
+    arms = ["omnia", "omnia-reference", *(["mlx-lm"] if HAS_MLX_LM else [])]
+    assert list(table_rows(text)) == arms
+    assert "device: Device(" in text and "mlx 0." in text
+    assert [r["arm"] for r in report["table"]] == arms
+    for row in report["table"]:
+        assert_positive_row(row)
+    assert report["copy_bandwidth_bytes_per_s"] > 0
+    assert report["options"] | {"seed": 0} == {
+        "dtype": "float32", "quantize": None, "prompt": 16, "generate": 8, "runs": 1, "seed": 0
+    }
+    # Every arm holds the same weights and fed the same ids, so the logits agree: this checks
+    # that the comparison compares like with like.
+    assert len({report["arms"][a]["weight_bytes"] for a in arms}) == 1
+    for arm in arms[1:]:
+        check = report["checks"][arm]
+        assert check["argmax_agree"] == check["steps"] == 8
+        assert check["prefill_last_argmax"][0] == check["prefill_last_argmax"][1]
+        assert check["prefill_logits_max_abs_diff"] <= 1e-4 * check["prefill_logits_max_abs"]
+    for arm in arms:
+        (run,) = report["arms"][arm]["runs"]
+        assert len(run["decode_step_s"]) == 8 and run["prefill_s"] > 0
+    if HAS_MLX_LM:
+        assert report["baseline"] == "mlx-lm"
+        assert table_rows(text)["mlx-lm"][3:5] == ["1.000x", "1.000x"]
+
+
+def test_interleaved_quantized_both_sides_the_same_way(tmp_path: Path) -> None:
+    text, report = run_bench(tmp_path, "interleaved", *SMALL, "--quantize", "4")
+    assert report["options"]["quantize"] == {"bits": 4, "group_size": 64}
+    assert "quantize affine 4-bit g64" in text
+    # 4-bit g64: 0.5 byte per weight plus a bf16 scale and bias per 64 weights.
+    matrices = sum(math.prod(s) for s in tensor_shapes(SHAPES["tiny"]).values() if len(s) == 2)
+    for row in report["table"]:
+        assert_positive_row(row)
+        assert row["weight_bytes"] < matrices * 0.6
+    if HAS_MLX_LM:
+        assert report["arms"]["omnia"]["weight_bytes"] == report["arms"]["mlx-lm"]["weight_bytes"]
+        check = report["checks"]["mlx-lm"]
+        assert check["prefill_last_argmax"][0] == check["prefill_last_argmax"][1]
+        assert check["prefill_logits_max_abs_diff"] <= 5e-2 * check["prefill_logits_max_abs"]
+        assert check["argmax_agree"] >= 6
+
+
+def test_mlx_lm_arm_is_skipped_with_a_note_when_not_importable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(measure, "mlx_lm_importable", lambda: None)
+    text, report = run_bench(tmp_path, "interleaved", *SMALL)
+    assert "mlx-lm arm skipped: mlx_lm is not importable" in text
+    assert list(table_rows(text)) == ["omnia"]
+    assert report["baseline"] == "omnia"
+
+
+def test_explain_counts_bindings_by_implementation(tmp_path: Path) -> None:
+    text, report = run_bench(tmp_path, "interleaved", "--model", "tiny", "--explain")
+    bindings = report["bindings"]["omnia"]
+    assert "self_attn.q_proj" in " ".join(bindings)
+    for impl in set(bindings.values()):
+        count = sum(v == impl for v in bindings.values())
+        assert f"  {impl}: {count}" in text
+    assert re.search(r"model\.layers\.\*\.self_attn\.q_proj +x2\n", text)
+
+
+def test_paired_runs_each_tree_in_its_own_process(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    text, report = run_bench(tmp_path, "paired", *SMALL, "--ref", str(root))
+    assert list(table_rows(text)) == ["working", "ref"]
+    assert report["argmax_identical"] is True
+    for row in report["table"]:
+        assert_positive_row(row)
