@@ -15,7 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlx_omnia import OmniaError
-from mlx_omnia.server import admin
+from mlx_omnia.server import admin, webapp
 from mlx_omnia.server.dialects import anthropic, gemini, openai
 from mlx_omnia.server.dialects.errors import dialect_of, error_response, from_engine
 from mlx_omnia.server.errors import ApiError
@@ -25,7 +25,7 @@ from mlx_omnia.server.scheduler import Scheduler
 from mlx_omnia.server.settings import Settings
 from mlx_omnia.server.state import LastAnswer, ServerState
 
-OPEN_PATHS = ("/admin/health",)
+OPEN_PATHS = ("/admin/health", "/")  # and the web app's assets under /static/
 
 
 def _presented_key(request: Request) -> str | None:
@@ -71,7 +71,12 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         dialect = dialect_of(request.url.path)
-        if settings.api_key and request.method != "OPTIONS" and request.url.path not in OPEN_PATHS:
+        if (
+            settings.api_key
+            and request.method != "OPTIONS"
+            and request.url.path not in OPEN_PATHS
+            and not request.url.path.startswith("/static/")
+        ):
             key = _presented_key(request)
             if key is None or not hmac.compare_digest(key.encode(), settings.api_key.encode()):
                 return error_response(
@@ -124,4 +129,5 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
     app.include_router(openai.router, prefix="/api/openai/v1")
     app.include_router(anthropic.router, prefix="/api/anthropic/v1")
     app.include_router(gemini.router, prefix="/api/gemini/v1beta")
+    app.include_router(webapp.router)
     return app
