@@ -230,28 +230,87 @@ class Rope(Declaration):
 class AttentionStep(Declaration):
     """Append this step's keys/values to the cache, then causal scaled-dot-product attention.
 
-    q: [B, n_heads, L, D]; k, v: [B, n_kv_heads, L, D] (grouped-query when n_kv_heads < n_heads)."""
+    q: [B, n_heads, L, D]; k, v: [B, n_kv_heads, L, D] (grouped-query when n_kv_heads < n_heads).
+    `window`: sliding-window attention, a query sees itself and the `window - 1` keys before it
+    (transformers' convention). `softcap`: scores become tanh(s / softcap) * softcap before the
+    softmax (Gemma 2). `sinks`: per-head logits that join every softmax and take probability mass
+    without contributing a value (gpt-oss)."""
 
-    def __init__(self, *, n_heads: int, n_kv_heads: int, head_dim: int, scale: float | None = None):
+    def __init__(
+        self,
+        *,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        scale: float | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+        value_dim: int | None = None,
+    ) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
+        self.value_dim = value_dim if value_dim is not None else head_dim
         self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-        self._bound: Callable[[mx.array, mx.array, mx.array, KVCache | None], mx.array] = (
-            self.reference()
-        )
+        self.window = window
+        self.softcap = softcap
+        self._bound: Callable[..., mx.array] = self.reference()
 
-    def reference(self) -> Callable[[mx.array, mx.array, mx.array, KVCache | None], mx.array]:
-        scale = self.scale
+    def mask(self, queries: int, keys: int) -> mx.array | None:
+        """Boolean [queries, keys] visibility for queries at the last `queries` positions, or None
+        when every key is visible (one query, no window)."""
+        if queries == 1 and (self.window is None or keys <= self.window):
+            return None
+        q_pos = mx.arange(keys - queries, keys)[:, None]
+        k_pos = mx.arange(keys)[None, :]
+        visible = k_pos <= q_pos
+        if self.window is not None:
+            visible = visible & (k_pos > q_pos - self.window)
+        return visible
 
-        def attend(q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
+    def reference(self) -> Callable[..., mx.array]:
+        scale, softcap = self.scale, self.softcap
+        repeats = self.n_heads // self.n_kv_heads
+
+        def attend(
+            q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None, sinks: mx.array | None = None
+        ) -> mx.array:
             if cache is not None:
                 k, v = cache.update_and_fetch(k, v)
-            mask: Any = "causal" if q.shape[2] > 1 else None
-            return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+            length, keys = q.shape[2], k.shape[2]
+            if softcap is None:
+                if self.window is None:
+                    mask: Any = "causal" if length > 1 else None
+                else:
+                    mask = self.mask(length, keys)
+                return mx.fast.scaled_dot_product_attention(
+                    q, k, v, scale=scale, mask=mask, sinks=sinks
+                )
+            # Soft-capped scores cannot go through the fused kernel: spell it out in float32.
+            if repeats > 1:
+                k = mx.repeat(k, repeats, axis=1)
+                v = mx.repeat(v, repeats, axis=1)
+            scores = (q.astype(mx.float32) * scale) @ k.astype(mx.float32).swapaxes(-1, -2)
+            scores = mx.tanh(scores / softcap) * softcap
+            visible = self.mask(length, keys)
+            if visible is not None:
+                scores = mx.where(visible, scores, -mx.inf)
+            if sinks is not None:
+                sink = mx.broadcast_to(
+                    sinks.astype(mx.float32)[None, :, None, None], (*scores.shape[:-1], 1)
+                )
+                weights = mx.softmax(mx.concatenate([sink, scores], axis=-1), axis=-1)[..., 1:]
+            else:
+                weights = mx.softmax(scores, axis=-1)
+            return (weights @ v.astype(mx.float32)).astype(q.dtype)
 
         return attend
 
-    def __call__(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
-        return self._bound(q, k, v, cache)
+    def __call__(
+        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None,
+        sinks: mx.array | None = None,
+    ) -> mx.array:
+        if sinks is None:
+            return self._bound(q, k, v, cache)
+        return self._bound(q, k, v, cache, sinks)
