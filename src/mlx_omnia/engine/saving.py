@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from mlx_omnia.engine.core.layers import Embedding, Linear
+from mlx_omnia.engine.core.moe import ExpertLinear
 from mlx_omnia.engine.core.mxcompat import flat_parameters, named_modules
 from mlx_omnia.engine.errors import InvalidOptionsError, UnsupportedModelError
 
@@ -85,7 +86,7 @@ def quantization_entry(model: Model) -> dict[str, Any] | None:
     """The config's "quantization" entry for the network as it is now, or None if dense."""
     layers: dict[str, tuple[int, int] | None] = {}
     for name, module in named_modules(model.network):
-        if isinstance(module, Linear | Embedding):
+        if isinstance(module, Linear | Embedding | ExpertLinear):
             if module.bits is not None and module.group_size is not None:
                 layers[name] = (module.bits, module.group_size)
             else:

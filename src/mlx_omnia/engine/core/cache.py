@@ -1,8 +1,29 @@
-"""Key/value cache for one attention layer, grown in fixed steps to avoid a copy per token."""
+"""Key/value caches for one attention layer.
+
+`KVCache` is the eager cache: a host-side offset, buffers grown in fixed steps, and it hands
+attention exactly the filled rows. `StaticKVCache` is what a compiled decode step runs on: the
+buffers and the offset are arrays in `state` (a compiled function's implicit inputs and
+outputs), so one traced step serves every position until the buffer grows; attention then sees
+the whole buffer and a mask of the filled rows."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import mlx.core as mx
+
+Mask = mx.array | Literal["causal"] | None
+
+
+def visibility(q_start: mx.array | int, queries: int, keys: int, window: int | None) -> mx.array:
+    """Boolean [queries, keys]: query i (at position q_start + i) sees key j when j <= its
+    position and, with a sliding window, j > position - window."""
+    q_pos = mx.arange(queries)[:, None] + q_start
+    k_pos = mx.arange(keys)[None, :]
+    visible = k_pos <= q_pos
+    if window is not None:
+        visible = visible & (k_pos > q_pos - window)
+    return visible
 
 
 class KVCache:
@@ -34,6 +55,75 @@ class KVCache:
         self.values[..., prev : self.offset, :] = values
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
 
+    def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
+        """The mask for `queries` new rows attending over the `keys` rows just fetched."""
+        if window is None or (keys <= window and queries == 1):
+            return "causal" if queries > 1 else None
+        return visibility(keys - queries, queries, keys, window)
+
     def state(self) -> list[mx.array]:
         """Arrays to evaluate so the cache is materialized."""
         return [a for a in (self.keys, self.values) if a is not None]
+
+
+class StaticKVCache:
+    """A cache whose buffers and offset live in `state`, for compiled decode steps.
+
+    The host calls `reserve(total)` before a step that would outgrow the buffer (growing it is a
+    shape change, so the compiled step is traced again for the new size)."""
+
+    step = 256
+
+    def __init__(self, keys: mx.array, values: mx.array, length: int) -> None:
+        self.state: dict[str, mx.array] = {
+            "keys": keys,
+            "values": values,
+            "offset": mx.array(length, dtype=mx.int32),
+        }
+        self._start = self.state["offset"]
+
+    @classmethod
+    def from_cache(cls, cache: KVCache) -> StaticKVCache:
+        if cache.keys is None or cache.values is None:
+            raise ValueError("fill the cache (prefill) before making it static")
+        return cls(cache.keys, cache.values, cache.offset)
+
+    def load(self, cache: KVCache) -> None:
+        """Take over a prefilled eager cache, in place (the compiled step keeps `state`)."""
+        if cache.keys is None or cache.values is None:
+            raise ValueError("fill the cache (prefill) before making it static")
+        self.state["keys"], self.state["values"] = cache.keys, cache.values
+        self.state["offset"] = mx.array(cache.offset, dtype=mx.int32)
+        self._start = self.state["offset"]
+
+    @property
+    def capacity(self) -> int:
+        return self.state["keys"].shape[2]
+
+    def reserve(self, total: int) -> None:
+        """Grow the buffers (outside any compiled step) so `total` rows fit."""
+        if total <= self.capacity:
+            return
+        grow = ((total - self.capacity + self.step - 1) // self.step) * self.step
+        for name in ("keys", "values"):
+            buf = self.state[name]
+            pad = mx.zeros((*buf.shape[:2], grow, buf.shape[3]), buf.dtype)
+            self.state[name] = mx.concatenate([buf, pad], axis=2)
+
+    @property
+    def offset(self) -> mx.array:
+        return self.state["offset"]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        start = self.state["offset"]
+        self._start = start
+        self.state["keys"] = mx.slice_update(self.state["keys"], keys, start[None], axes=(2,))
+        self.state["values"] = mx.slice_update(self.state["values"], values, start[None], axes=(2,))
+        self.state["offset"] = start + keys.shape[2]
+        return self.state["keys"], self.state["values"]
+
+    def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
+        return visibility(self._start, queries, keys, window)
+
+    def arrays(self) -> list[mx.array]:
+        return list(self.state.values())

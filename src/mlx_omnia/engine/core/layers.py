@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
-from mlx_omnia.engine.core.cache import KVCache
+from mlx_omnia.engine.core.cache import KVCache, Mask, StaticKVCache, visibility
 from mlx_omnia.engine.core.mxcompat import drop_parameters
 
 QuantMode = Literal["affine"]
@@ -184,6 +184,53 @@ class RmsNorm(Declaration):
         return self._bound(x)
 
 
+class OffsetRmsNorm(Declaration):
+    """RMS normalization scaled by (1 + weight), computed in float32 and cast back to the input
+    dtype: the checkpoint stores the zero-centred `weight` (Gemma's convention)."""
+
+    weight: mx.array
+
+    def __init__(self, dims: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+        self._bound: Callable[[mx.array], mx.array] = self.reference()
+
+    def reference(self) -> Callable[[mx.array], mx.array]:
+        def norm(x: mx.array) -> mx.array:
+            scale = 1.0 + self.weight.astype(mx.float32)
+            return mx.fast.rms_norm(x.astype(mx.float32), scale, self.eps).astype(x.dtype)
+
+        return norm
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._bound(x)
+
+
+class PerHeadLayerNorm(Declaration):
+    """Layer normalization of each head's features with a weight per head (shape [heads, dims]),
+    no bias, computed in float32 and cast back: (x - mean) / sqrt(var + eps) * weight[head], for
+    x [..., heads, dims] (Cohere's query/key norm)."""
+
+    weight: mx.array
+
+    def __init__(self, heads: int, dims: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = mx.ones((heads, dims))
+        self.eps = eps
+        self._bound: Callable[[mx.array], mx.array] = self.reference()
+
+    def reference(self) -> Callable[[mx.array], mx.array]:
+        def norm(x: mx.array) -> mx.array:
+            y = mx.fast.layer_norm(x.astype(mx.float32), None, None, self.eps)
+            return (y * self.weight.astype(mx.float32)).astype(x.dtype)
+
+        return norm
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._bound(x)
+
+
 class Rope(Declaration):
     """Rotary position embedding over the first `dims` features (rotate-half layout unless
     `traditional`), with frequencies from `base` or an explicit `freqs` table (scaled kinds)."""
@@ -257,33 +304,23 @@ class AttentionStep(Declaration):
         self.softcap = softcap
         self._bound: Callable[..., mx.array] = self.reference()
 
-    def mask(self, queries: int, keys: int) -> mx.array | None:
-        """Boolean [queries, keys] visibility for queries at the last `queries` positions, or None
-        when every key is visible (one query, no window)."""
-        if queries == 1 and (self.window is None or keys <= self.window):
-            return None
-        q_pos = mx.arange(keys - queries, keys)[:, None]
-        k_pos = mx.arange(keys)[None, :]
-        visible = k_pos <= q_pos
-        if self.window is not None:
-            visible = visible & (k_pos > q_pos - self.window)
-        return visible
-
     def reference(self) -> Callable[..., mx.array]:
         scale, softcap = self.scale, self.softcap
         repeats = self.n_heads // self.n_kv_heads
 
         def attend(
-            q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None, sinks: mx.array | None = None
+            q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None,
+            sinks: mx.array | None = None,
         ) -> mx.array:
+            length = q.shape[2]
             if cache is not None:
                 k, v = cache.update_and_fetch(k, v)
-            length, keys = q.shape[2], k.shape[2]
+                mask: Mask = cache.attention_mask(length, k.shape[2], self.window)
+            elif self.window is None:
+                mask = "causal" if length > 1 else None
+            else:
+                mask = visibility(k.shape[2] - length, length, k.shape[2], self.window)
             if softcap is None:
-                if self.window is None:
-                    mask: Any = "causal" if length > 1 else None
-                else:
-                    mask = self.mask(length, keys)
                 return mx.fast.scaled_dot_product_attention(
                     q, k, v, scale=scale, mask=mask, sinks=sinks
                 )
@@ -293,9 +330,10 @@ class AttentionStep(Declaration):
                 v = mx.repeat(v, repeats, axis=1)
             scores = (q.astype(mx.float32) * scale) @ k.astype(mx.float32).swapaxes(-1, -2)
             scores = mx.tanh(scores / softcap) * softcap
-            visible = self.mask(length, keys)
-            if visible is not None:
-                scores = mx.where(visible, scores, -mx.inf)
+            if mask == "causal":
+                mask = visibility(k.shape[2] - length, length, k.shape[2], None)
+            if isinstance(mask, mx.array):
+                scores = mx.where(mask, scores, -mx.inf)
             if sinks is not None:
                 sink = mx.broadcast_to(
                     sinks.astype(mx.float32)[None, :, None, None], (*scores.shape[:-1], 1)
@@ -308,9 +346,32 @@ class AttentionStep(Declaration):
         return attend
 
     def __call__(
-        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None,
+        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None,
         sinks: mx.array | None = None,
     ) -> mx.array:
         if sinks is None:
             return self._bound(q, k, v, cache)
         return self._bound(q, k, v, cache, sinks)
+
+
+class LayerNorm(Declaration):
+    """Layer normalization: (x - mean(x)) / sqrt(var(x) + eps) * weight (+ bias)."""
+
+    weight: mx.array
+    bias: mx.array
+
+    def __init__(self, dims: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        if bias:
+            self.bias = mx.zeros((dims,))
+        self.eps = eps
+        self._bound: Callable[[mx.array], mx.array] = self.reference()
+
+    def reference(self) -> Callable[[mx.array], mx.array]:
+        return lambda x: mx.fast.layer_norm(
+            x, self.weight, self.bias if "bias" in self else None, self.eps
+        )
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._bound(x)

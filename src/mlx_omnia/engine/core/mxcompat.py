@@ -67,3 +67,8 @@ def reshape(x: mx.array, *shape: int) -> mx.array:
 
 def silu(x: mx.array) -> mx.array:
     return x * mx.sigmoid(x)
+
+
+def gelu_tanh(x: mx.array) -> mx.array:
+    """GELU with the tanh approximation (PyTorch's gelu(approximate="tanh"))."""
+    return 0.5 * x * (1.0 + mx.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))

@@ -7,12 +7,13 @@ transformers 4 wrote `rope_theta` and `rope_scaling` at the top level; transform
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
 
+from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.layers import Rope
 from mlx_omnia.engine.errors import UnsupportedModelError
 
@@ -74,4 +75,96 @@ def build_rope(dims: int, params: Mapping[str, Any], *, traditional: bool = Fals
     raise UnsupportedModelError(
         f"rope scaling type {kind!r} is not supported yet (supported: "
         f"{', '.join(SUPPORTED_ROPE_TYPES)}); please open an issue naming the checkpoint"
+    )
+
+
+class LongRope(Declaration):
+    """LongRoPE (Phi-3 "su"/"longrope"): rotary embedding over the first `dims` features whose
+    per-pair periods are base periods times `short` factors while the sequence fits in the
+    pretraining length `original_max`, times `long` factors beyond it; the rotated features are
+    multiplied by `attention_factor` (the features past `dims` pass through unscaled).
+
+    Like transformers, the choice is per call: a call whose last position is past
+    `original_max` uses the long periods for all of its positions. A family whose cache crosses
+    that boundary must recompute the prefix itself (as transformers' generate does)."""
+
+    def __init__(
+        self,
+        dims: int,
+        *,
+        short_periods: mx.array,
+        long_periods: mx.array,
+        original_max: int,
+        attention_factor: float,
+    ) -> None:
+        super().__init__()
+        self.dims = dims
+        self.original_max = original_max
+        self.attention_factor = attention_factor
+        # Kept out of the parameter tree: derived from the config, never loaded.
+        self._short = short_periods
+        self._long = long_periods
+        self._bound: Callable[[mx.array, int | mx.array], mx.array] = self.reference()
+
+    def reference(self) -> Callable[[mx.array, int | mx.array], mx.array]:
+        dims, factor, limit = self.dims, self.attention_factor, self.original_max
+        short, long = self._short, self._long
+
+        def rotate(x: mx.array, offset: int | mx.array, periods: mx.array) -> mx.array:
+            return mx.fast.rope(
+                x, dims, traditional=False, base=None, scale=1.0, offset=offset, freqs=periods
+            )
+
+        def rope(x: mx.array, offset: int | mx.array) -> mx.array:
+            if factor != 1.0:
+                if dims < x.shape[-1]:
+                    x = mx.concatenate([x[..., :dims] * factor, x[..., dims:]], axis=-1)
+                else:
+                    x = x * factor
+            end = offset + x.shape[-2]
+            if isinstance(end, int):
+                return rotate(x, offset, long if end > limit else short)
+            return mx.where(end > limit, rotate(x, offset, long), rotate(x, offset, short))
+
+        return rope
+
+    def __call__(self, x: mx.array, offset: int | mx.array) -> mx.array:
+        return self._bound(x, offset)
+
+
+def longrope_factor(params: Mapping[str, Any]) -> float:
+    """The attention factor of longrope `params`: `attention_factor` when given, else
+    sqrt(1 + ln(factor) / ln(original_max)) with factor = `factor` or, as Phi-3 configs imply,
+    max_position_embeddings / original_max_position_embeddings (1 when factor <= 1)."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    original = float(params["original_max_position_embeddings"])
+    factor = params.get("factor")
+    scale = float(factor) if factor is not None else float(params["max_position_embeddings"]) / original
+    if scale <= 1.0:
+        return 1.0
+    return math.sqrt(1.0 + math.log(scale) / math.log(original))
+
+
+def build_longrope(dims: int, params: Mapping[str, Any]) -> LongRope:
+    """Declare the LongRope for `dims` rotated features. `params` (from `rope_parameters`, with
+    `original_max_position_embeddings` and `max_position_embeddings` filled in by the family)
+    carry `short_factor` and `long_factor`, one per rotated pair."""
+    base = float(params["rope_theta"])
+    periods = base ** (np.arange(0, dims, 2, dtype=np.int64).astype(np.float64) / dims)
+    tables: list[mx.array] = []
+    for key in ("short_factor", "long_factor"):
+        factors = np.asarray(params[key], dtype=np.float64)
+        if factors.shape != periods.shape:
+            raise UnsupportedModelError(
+                f"longrope {key} has {factors.size} entries, expected {periods.size} "
+                f"(one per rotated pair of {dims} features)"
+            )
+        tables.append(mx.array((factors * periods).astype(np.float32)))
+    return LongRope(
+        dims,
+        short_periods=tables[0],
+        long_periods=tables[1],
+        original_max=int(params["original_max_position_embeddings"]),
+        attention_factor=longrope_factor(params),
     )

@@ -3,12 +3,13 @@ is handed out (the host never waits on the device between tokens)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Protocol, cast
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.cache import KVCache
+from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async
 
 
@@ -21,6 +22,7 @@ class Network(Protocol):
 
 
 PREFILL_CHUNK = 512
+COMPILE_ENV = "OMNIA_COMPILE"
 
 
 def prefill(network: Network, ids: list[int], cache: list[KVCache]) -> mx.array:
@@ -36,6 +38,65 @@ def prefill(network: Network, ids: list[int], cache: list[KVCache]) -> mx.array:
     return logits[0, -1, :]
 
 
+class CompiledStep:
+    """One decode step, token [1, 1] -> logits [V], compiled once per cache-buffer size.
+
+    The prefilled caches become StaticKVCaches whose buffers and offset are the compiled
+    function's implicit inputs and outputs, so a step is one traced graph instead of hundreds of
+    separately dispatched operations. A network keeps its CompiledStep between generations (the
+    traces and compiled kernels are reused); a second generation running at the same time (two
+    interleaved generators) gets its own."""
+
+    # The idle step is kept on the network itself (nn.Module is a dict: not weak-hashable).
+    _IDLE = "_omnia_idle_compiled_step"
+
+    def __init__(self, network: Network, caches: list[KVCache]) -> None:
+        self.caches = [StaticKVCache.from_cache(c) for c in caches]
+        self.length = 0
+        self._network = network
+        state = [c.state for c in self.caches]
+        # Families take the cache through `offset` / `update_and_fetch` / `attention_mask` only,
+        # which StaticKVCache provides (with an array offset).
+        static = cast(list[KVCache], self.caches)
+
+        def step(token: mx.array) -> mx.array:
+            return network(token, static)[0, -1, :]
+
+        self._step = mx.compile(step, inputs=state, outputs=state)
+
+    @classmethod
+    def acquire(cls, network: Network, caches: list[KVCache], length: int) -> CompiledStep:
+        """A compiled step loaded with these prefilled caches; `release` it when done."""
+        step: CompiledStep | None = getattr(network, cls._IDLE, None)
+        setattr(network, cls._IDLE, None)
+        if step is None or len(step.caches) != len(caches):
+            step = cls(network, caches)
+        else:
+            for static, cache in zip(step.caches, caches, strict=True):
+                static.load(cache)
+        step.length = length
+        return step
+
+    def release(self) -> None:
+        setattr(self._network, self._IDLE, self)
+
+    def __call__(self, token: mx.array) -> mx.array:
+        self.length += 1
+        for cache in self.caches:
+            cache.reserve(self.length)
+        return self._step(token)
+
+    def state(self) -> list[mx.array]:
+        return [a for c in self.caches for a in c.arrays()]
+
+
+def compile_enabled(network: Network) -> bool:
+    """Compiled decode unless OMNIA_COMPILE=0 or the family opts out (`compile_decode = False`)."""
+    if os.environ.get(COMPILE_ENV, "1") == "0":
+        return False
+    return bool(getattr(network, "compile_decode", True))
+
+
 def generate_tokens(
     network: Network, prompt_ids: list[int], sample: Callable[[mx.array], mx.array]
 ) -> Iterator[int]:
@@ -43,6 +104,17 @@ def generate_tokens(
     cache = network.make_cache()
     token = sample(prefill(network, prompt_ids, cache))
     evaluate_async(token)
+    # Only caches that prefill filled can become static (a scripted test network has none).
+    if compile_enabled(network) and all(c.keys is not None for c in cache):
+        step = CompiledStep.acquire(network, cache, len(prompt_ids))
+        try:
+            while True:
+                following = sample(step(token[None, None]))
+                evaluate_async([following, *step.state()])
+                yield int(token.item())  # pyright: ignore[reportArgumentType]  # int32 scalar
+                token = following
+        finally:
+            step.release()
     while True:
         following = sample(network(token[None, None], cache)[0, -1, :])
         evaluate_async(following)

@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from mlx_omnia.engine.core.binding import bind_layers
 from mlx_omnia.engine.core.layers import Embedding, Linear
+from mlx_omnia.engine.core.moe import ExpertLinear
 from mlx_omnia.engine.core.mxcompat import evaluate, flat_parameters, named_modules
 from mlx_omnia.engine.errors import CheckpointError, InvalidOptionsError
 from mlx_omnia.engine.loading.registry import family_for
@@ -98,8 +99,8 @@ def finish_network(
     if quantize is not None:
         bits, group_size = quantize
         for _, module in named_modules(network):
-            if isinstance(module, Linear | Embedding) and not module.quantized:
-                dims = module.input_dims if isinstance(module, Linear) else module.dims
+            if isinstance(module, Linear | Embedding | ExpertLinear) and not module.quantized:
+                dims = module.input_dims if isinstance(module, Linear | ExpertLinear) else module.dims
                 if dims % group_size == 0:
                     module.quantize_weights(bits=bits, group_size=group_size)
     bind_layers(network)

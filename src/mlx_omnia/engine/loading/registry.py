@@ -32,6 +32,21 @@ FAMILIES: dict[str, str] = {
     "llama": "mlx_omnia.engine.models.llama",
     "qwen2": "mlx_omnia.engine.models.qwen2",
     "qwen3": "mlx_omnia.engine.models.qwen3",
+    "qwen3_moe": "mlx_omnia.engine.models.qwen3_moe",
+    "mixtral": "mlx_omnia.engine.models.mixtral",
+    "olmoe": "mlx_omnia.engine.models.olmoe",
+    "qwen2_moe": "mlx_omnia.engine.models.qwen2_moe",
+    "mistral": "mlx_omnia.engine.models.mistral",
+    "phi3": "mlx_omnia.engine.models.phi3",
+    "granite": "mlx_omnia.engine.models.granite",
+    "olmo2": "mlx_omnia.engine.models.olmo2",
+    "smollm3": "mlx_omnia.engine.models.smollm3",
+    "starcoder2": "mlx_omnia.engine.models.starcoder2",
+    "gemma": "mlx_omnia.engine.models.gemma",
+    "gemma2": "mlx_omnia.engine.models.gemma2",
+    "gemma3_text": "mlx_omnia.engine.models.gemma3_text",
+    "cohere": "mlx_omnia.engine.models.cohere",
+    "glm4": "mlx_omnia.engine.models.glm4",
 }
 
 

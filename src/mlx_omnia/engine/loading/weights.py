@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_omnia.engine.core.layers import Embedding, Linear
+from mlx_omnia.engine.core.moe import ExpertLinear
 from mlx_omnia.engine.core.mxcompat import (
     flat_parameters,
     load_safetensors,
@@ -101,10 +102,10 @@ def declare_quantization(
     Bits and group size come from the config (with per-layer overrides, as mlx-community
     publishes them) and must agree with the tensor shapes."""
     for path, module in named_modules(network):
-        if not isinstance(module, Linear | Embedding) or f"{path}.scales" not in weights:
+        if not isinstance(module, Linear | Embedding | ExpertLinear) or f"{path}.scales" not in weights:
             continue
         w, scales = weights[f"{path}.weight"], weights[f"{path}.scales"]
-        in_dims = module.input_dims if isinstance(module, Linear) else module.dims
+        in_dims = module.input_dims if isinstance(module, Linear | ExpertLinear) else module.dims
         group_size = in_dims // scales.shape[-1]
         bits = w.shape[-1] * 32 // in_dims
         if quantization is not None:

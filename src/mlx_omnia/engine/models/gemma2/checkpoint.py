@@ -1,0 +1,32 @@
+"""How gemma2 checkpoints become a Gemma2ForCausalLM: config and tensor names."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import mlx.core as mx
+
+from mlx_omnia.engine.models.gemma2.config import Gemma2Config
+from mlx_omnia.engine.models.gemma2.model import Gemma2ForCausalLM
+
+
+class Gemma2Checkpoint:
+    model_types = ("gemma2",)
+
+    def build(self, config: Mapping[str, Any]) -> Gemma2ForCausalLM:
+        return Gemma2ForCausalLM(Gemma2Config.from_dict(config))
+
+    def context_length(self, config: Mapping[str, Any]) -> int:
+        return Gemma2Config.from_dict(config).max_position_embeddings
+
+    def sanitize(self, weights: dict[str, mx.array], config: Mapping[str, Any]) -> dict[str, mx.array]:
+        """Drop tensors that are derived, not learned (rotary inv_freq) and, when tied (every
+        released Gemma 2), a saved copy of the embedding as lm_head."""
+        kept = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+        if config.get("tie_word_embeddings", True):
+            kept = {k: v for k, v in kept.items() if not k.startswith("lm_head.")}
+        return kept
+
+
+CHECKPOINT = Gemma2Checkpoint()

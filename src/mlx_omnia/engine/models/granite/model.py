@@ -1,0 +1,105 @@
+"""GraniteForCausalLM, module for module as the checkpoint names it.
+
+Llama's structure with four scalars: embedding_multiplier on the embeddings, attention_multiplier
+as the attention scale, residual_multiplier on each block's output, logits / logits_scaling."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlx_omnia.engine.core.cache import KVCache
+from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
+from mlx_omnia.engine.core.mxcompat import reshape, silu
+from mlx_omnia.engine.core.rope import build_rope
+from mlx_omnia.engine.models.granite.config import GraniteConfig
+
+
+class GraniteAttention(nn.Module):
+    def __init__(self, cfg: GraniteConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.rope = build_rope(self.head_dim, cfg.rope)
+        self.attention = AttentionStep(
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+            scale=cfg.attention_multiplier,
+        )
+
+    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+        b, length, _ = x.shape
+        q = reshape(self.q_proj(x), b, length, self.n_heads, -1).swapaxes(1, 2)
+        k = reshape(self.k_proj(x), b, length, self.n_kv_heads, -1).swapaxes(1, 2)
+        v = reshape(self.v_proj(x), b, length, self.n_kv_heads, -1).swapaxes(1, 2)
+        offset = cache.offset if cache is not None else 0
+        q = self.rope(q, offset)
+        k = self.rope(k, offset)
+        out = self.attention(q, k, v, cache)
+        return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
+
+
+class GraniteMLP(nn.Module):
+    def __init__(self, cfg: GraniteConfig) -> None:
+        super().__init__()
+        bias = cfg.mlp_bias
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GraniteDecoderLayer(nn.Module):
+    def __init__(self, cfg: GraniteConfig) -> None:
+        super().__init__()
+        self.self_attn = GraniteAttention(cfg)
+        self.mlp = GraniteMLP(cfg)
+        self.input_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.residual_multiplier = cfg.residual_multiplier
+
+    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), cache) * self.residual_multiplier
+        return h + self.mlp(self.post_attention_layernorm(h)) * self.residual_multiplier
+
+
+class GraniteModel(nn.Module):
+    def __init__(self, cfg: GraniteConfig) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = [GraniteDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)]
+        self.norm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.embedding_multiplier = cfg.embedding_multiplier
+
+    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+        h = self.embed_tokens(ids) * self.embedding_multiplier
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cache[i] if cache is not None else None)
+        return self.norm(h)
+
+
+class GraniteForCausalLM(nn.Module):
+    def __init__(self, cfg: GraniteConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = GraniteModel(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+
+    def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        h = self.model(ids, cache)
+        if self.config.tie_word_embeddings:
+            logits = self.model.embed_tokens.as_linear(h)
+        else:
+            logits = self.lm_head(h)
+        return logits / self.config.logits_scaling
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.model.layers]

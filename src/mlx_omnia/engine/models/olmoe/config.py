@@ -1,0 +1,57 @@
+"""OlmoeConfig from config.json (transformers 4 and 5 schemas: both name num_experts)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_omnia.engine.core.rope import rope_parameters
+from mlx_omnia.engine.errors import UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class OlmoeConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    norm_topk_prob: bool
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    clip_qkv: float | None
+    rope: Mapping[str, Any]
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> OlmoeConfig:
+        act = config.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedModelError(f"olmoe: hidden_act {act!r} is not supported (only silu)")
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        clip = config.get("clip_qkv")
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_experts=int(config.get("num_experts", config.get("num_local_experts", 64))),
+            num_experts_per_tok=int(config.get("num_experts_per_tok", 8)),
+            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+            num_hidden_layers=int(config["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            vocab_size=int(config["vocab_size"]),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", False)),
+            clip_qkv=float(clip) if clip is not None else None,
+            rope=rope_parameters(config),
+        )

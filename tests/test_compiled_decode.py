@@ -1,0 +1,84 @@
+"""The compiled decode step (StaticKVCache + mx.compile) computes what the eager step does."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_omnia import GenerationOptions, load
+from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
+from mlx_omnia.engine.generate.loop import CompiledStep, prefill
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests.fixtures.tiny import write_tiny_llama
+
+    return load(write_tiny_llama(tmp_path_factory.mktemp("compiled")))
+
+
+def test_compiled_steps_match_eager_logits_across_buffer_growth(tiny) -> None:  # type: ignore[no-untyped-def]
+    net = tiny.network
+    prompt = list(range(3, 40))
+    rng = np.random.default_rng(1)
+    forced = [int(t) for t in rng.integers(3, 300, size=260)]  # crosses the 256-row buffer
+    eager_cache: list[KVCache] = net.make_cache()
+    prefill(net, prompt, eager_cache)
+    compiled_cache: list[KVCache] = net.make_cache()
+    prefill(net, prompt, compiled_cache)
+    step = CompiledStep.acquire(net, compiled_cache, len(prompt))
+    worst = 0.0
+    for token in forced:
+        ids = mx.array([[token]], dtype=mx.int32)
+        want = np.array(net(ids, eager_cache)[0, -1, :])
+        got = np.array(step(ids))
+        worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+    step.release()
+    assert all(isinstance(c, StaticKVCache) for c in step.caches)
+    assert step.caches[0].capacity >= len(prompt) + len(forced)
+    assert worst < 1e-5
+
+
+def test_generation_is_identical_with_and_without_compile(
+    tiny, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    options = GenerationOptions(max_tokens=280, temperature=0, stop_token_ids=())
+    monkeypatch.setenv("OMNIA_COMPILE", "0")
+    eager = tiny.generate("Hello world, tell me a story", options)
+    monkeypatch.setenv("OMNIA_COMPILE", "1")
+    compiled = tiny.generate("Hello world, tell me a story", options)
+    again = tiny.generate("Hello world, tell me a story", options)  # reuses the compiled step
+    assert compiled.token_ids == eager.token_ids == again.token_ids
+
+
+def test_interleaved_generations_do_not_share_a_cache(tiny) -> None:  # type: ignore[no-untyped-def]
+    options = GenerationOptions(max_tokens=12, temperature=0)
+    alone_a = tiny.generate("first prompt", options).token_ids
+    alone_b = tiny.generate("a different second prompt", options).token_ids
+    a, b = tiny.stream("first prompt", options), tiny.stream("a different second prompt", options)
+    got_a: list[int] = []
+    got_b: list[int] = []
+    for pa, pb in zip(a, b, strict=False):
+        got_a.extend(pa.token_ids)
+        got_b.extend(pb.token_ids)
+    got_a.extend(t for p in a for t in p.token_ids)
+    got_b.extend(t for p in b for t in p.token_ids)
+    assert tuple(got_a) == alone_a and tuple(got_b) == alone_b
+
+
+def test_static_cache_masks_a_sliding_window() -> None:
+    from mlx_omnia.engine.core.layers import AttentionStep
+
+    step = AttentionStep(n_heads=2, n_kv_heads=1, head_dim=4, window=3)
+    rng = np.random.default_rng(0)
+    q, k, v = (mx.array(rng.standard_normal((1, h, 9, 4)).astype(np.float32)) for h in (2, 1, 1))
+    eager = KVCache()
+    step(q[:, :, :5], k[:, :, :5], v[:, :, :5], eager)
+    static = StaticKVCache.from_cache(eager)
+    outs = []
+    for t in range(5, 9):
+        static.reserve(t + 1)
+        outs.append(np.array(step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], static)))  # type: ignore[arg-type]
+    want = np.array(step(q, k, v, None))[:, :, 5:]
+    assert np.abs(np.concatenate(outs, axis=2) - want).max() < 1e-5
