@@ -209,6 +209,13 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         arms: list[measure.Arm] = []
         _progress("loading omnia")
         arms.append(measure.omnia_arm(str(path), dtype=args.dtype, quantize=quantize, reference=False))
+        if getattr(args, "eager", False):
+            _progress("loading omnia-eager (OMNIA_COMPILE=0)")
+            arms.append(
+                measure.omnia_arm(
+                    str(path), dtype=args.dtype, quantize=quantize, reference=False, eager=True
+                )
+            )
         if args.reference:
             _progress("loading omnia-reference (OMNIA_REFERENCE_KERNELS=1)")
             arms.append(
@@ -481,6 +488,8 @@ def parser() -> argparse.ArgumentParser:
                        help="the baseline arm (skipped, with a note, when mlx_lm is not importable)")
     inter.add_argument("--reference", action="store_true",
                        help="add the omnia-reference arm (OMNIA_REFERENCE_KERNELS=1)")
+    inter.add_argument("--eager", action="store_true",
+                       help="add the omnia-eager arm (decode without the compiled step)")
     inter.add_argument("--explain", action="store_true",
                        help="print the implementation bound to each layer declaration and exit")
     pair = sub.add_parser("paired", help="this tree against another revision, one process per arm")

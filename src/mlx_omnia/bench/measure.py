@@ -61,10 +61,15 @@ class RunResult:
         return statistics.median(self.decode_step_s)
 
 
+COMPILE_ENV = "OMNIA_COMPILE"
+
+
 def omnia_arm(
-    path: str, *, dtype: str, quantize: tuple[int, int] | None, reference: bool
+    path: str, *, dtype: str, quantize: tuple[int, int] | None, reference: bool,
+    eager: bool = False,
 ) -> Arm:
-    """The engine through its public API; `reference` binds the core implementations."""
+    """The engine through its public API; `reference` binds the core implementations, `eager`
+    decodes without the compiled step (OMNIA_COMPILE=0, read when a sequence starts)."""
     before = os.environ.get(FORCE_REFERENCE_ENV)
     os.environ[FORCE_REFERENCE_ENV] = "1" if reference else "0"  # read once, at binding
     try:
@@ -77,7 +82,17 @@ def omnia_arm(
             os.environ[FORCE_REFERENCE_ENV] = before
 
     def new_sequence() -> Feed:
-        decoding = model.decoding()
+        saved = os.environ.get(COMPILE_ENV)
+        if eager:
+            os.environ[COMPILE_ENV] = "0"
+        try:
+            decoding = model.decoding()
+        finally:
+            if eager:
+                if saved is None:
+                    del os.environ[COMPILE_ENV]
+                else:
+                    os.environ[COMPILE_ENV] = saved
 
         def feed(ids: Sequence[int]) -> tuple[mx.array, list[mx.array]]:
             return decoding.feed(ids), decoding.state()
@@ -88,7 +103,7 @@ def omnia_arm(
     nbytes = cast(int, getattr(model, "nbytes", 0))
     bindings_of = getattr(model, "bindings", None)
     bindings = cast(dict[str, str], bindings_of()) if callable(bindings_of) else {}
-    name = "omnia-reference" if reference else "omnia"
+    name = "omnia-reference" if reference else "omnia-eager" if eager else "omnia"
     return Arm(name, nbytes, new_sequence, bindings)
 
 

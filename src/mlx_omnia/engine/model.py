@@ -13,7 +13,7 @@ import mlx.nn as nn
 from mlx_omnia.engine.core.binding import bindings
 from mlx_omnia.engine.core.mxcompat import flat_parameters
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
-from mlx_omnia.engine.generate.loop import Network, generate_tokens
+from mlx_omnia.engine.generate.loop import CompiledStep, Network, compile_enabled, generate_tokens
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams
 from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.text.tokenizer import Tokenizer
@@ -60,22 +60,48 @@ class GenerationDefaults:
 
 
 class Decoding:
-    """One sequence being decoded: `feed` runs ids through the network, extending the cache."""
+    """One sequence being decoded: `feed` runs ids through the network, extending the cache.
+
+    Single-token feeds after the first feed run the compiled decode step (as generation does),
+    unless OMNIA_COMPILE=0. `close` hands the compiled step back for reuse."""
 
     def __init__(self, network: Network) -> None:
         self._network = network
         self._cache = network.make_cache()
+        self._step: CompiledStep | None = None
+        self._compile = compile_enabled(network)
         self.length = 0
 
     def feed(self, ids: Sequence[int]) -> mx.array:
         """Logits [len(ids), V] for `ids` following everything fed so far (lazy: evaluate them)."""
-        out = self._network(mx.array([list(ids)], dtype=mx.int32), self._cache)[0]
+        batch = mx.array([list(ids)], dtype=mx.int32)
+        if (
+            self._step is None
+            and self._compile
+            and len(ids) == 1
+            and self.length > 0
+            and all(c.keys is not None for c in self._cache)
+        ):
+            self._step = CompiledStep.acquire(self._network, self._cache, self.length)
+        if self._step is None:
+            out = self._network(batch, self._cache)[0]
+        elif len(ids) == 1:
+            out = self._step(batch)[None]
+        else:
+            out = self._step.feed_many(batch)
         self.length += len(ids)
         return out
 
     def state(self) -> list[mx.array]:
         """The cache arrays, to evaluate together with the logits."""
+        if self._step is not None:
+            return self._step.state()
         return [a for c in self._cache for a in c.state()]
+
+    def close(self) -> None:
+        if self._step is not None:
+            self._step.release()
+            self._step = None
 
 
 class Model:

@@ -86,6 +86,13 @@ class CompiledStep:
             cache.reserve(self.length)
         return self._step(token)
 
+    def feed_many(self, ids: mx.array) -> mx.array:
+        """Several tokens at once through the static caches (eager, not compiled): [L, V]."""
+        self.length += ids.shape[1]
+        for cache in self.caches:
+            cache.reserve(self.length)
+        return self._network(ids, cast(list[KVCache], self.caches))[0]
+
     def state(self) -> list[mx.array]:
         return [a for c in self.caches for a in c.arrays()]
 
