@@ -5,6 +5,12 @@ experts' gate and up projections, silu(gate) * up) and DownCombine (the selected
 projections, weighted by the routing weights and summed over the k experts). Expert matrices are
 stacked along a leading expert axis, [n_experts, out, in], dense or affine-quantized along the
 input dimension like Linear; the core implementations are mx.gather_mm / mx.gather_qmm.
+
+Options for gpt-oss (defaults keep the plain declarations above): expert matrices in MLX's
+"mxfp4" mode (e2m1 values in groups of 32 with an e8m0 power-of-two scale, no biases: how
+gpt-oss checkpoints ship their experts), a per-expert `bias` on GateUp / DownCombine, and
+GateUp's activation "gpt_oss_swiglu": gate clamped above at `limit`, up clamped to
+[-limit, limit], (up + 1) * gate * sigmoid(alpha * gate).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
 
 RouteOrder = Literal["softmax_topk", "topk_softmax"]
+ExpertQuantMode = Literal["affine", "mxfp4"]
+GateActivation = Literal["silu", "gpt_oss_swiglu"]
 
 
 class Route(Declaration):
@@ -68,11 +76,14 @@ class Route(Declaration):
 class ExpertLinear(Declaration):
     """Stacked expert matrices `weight` [n_experts, output_dims, input_dims], dense or
     affine-quantized along the input dimension (`scales`/`biases` [n_experts, out, groups]), as
-    Linear is; `select` computes x @ W[e].T for the expert ids given per row."""
+    Linear is; `select` computes x @ W[e].T for the expert ids given per row. `mode` "mxfp4":
+    `weight` packs e2m1 values (uint32), `scales` are uint8 e8m0 exponents per 32 inputs, no
+    `biases`. `bias` (the subclasses' option): a per-expert output bias [n_experts, out]."""
 
     weight: mx.array
     scales: mx.array
     biases: mx.array
+    bias: mx.array
 
     def __init__(self, n_experts: int, input_dims: int, output_dims: int) -> None:
         super().__init__()
@@ -82,21 +93,47 @@ class ExpertLinear(Declaration):
         self.weight = mx.zeros((n_experts, output_dims, input_dims))
         self.bits: int | None = None
         self.group_size: int | None = None
+        self.mode: ExpertQuantMode = "affine"
 
     @property
     def quantized(self) -> bool:
         return self.bits is not None
 
-    def to_quantized(self, *, bits: int, group_size: int) -> None:
-        """Declare affine quantization (placeholders; weights come from a checkpoint or `quantize`)."""
+    @property
+    def has_bias(self) -> bool:
+        return "bias" in self
+
+    def to_quantized(self, *, bits: int, group_size: int, mode: ExpertQuantMode | None = None) -> None:
+        """Declare affine quantization (placeholders; weights come from a checkpoint or `quantize`).
+        `mode` "mxfp4" declares MXFP4 instead (4 bits, groups of 32); None keeps `self.mode`."""
         e, out = self.n_experts, self.output_dims
+        if mode is not None:
+            self.mode = mode
+        if self.mode == "mxfp4":
+            if (bits, group_size) != (4, 32):
+                raise ValueError(f"mxfp4 is 4-bit in groups of 32 (got {bits}, {group_size})")
+            self.weight = mx.zeros((e, out, self.input_dims // 8), dtype=mx.uint32)
+            self.scales = mx.zeros((e, out, self.input_dims // 32), dtype=mx.uint8)
+            drop_parameters(self, "biases")
+            self.bits, self.group_size = bits, group_size
+            return
         self.weight = mx.zeros((e, out, self.input_dims * bits // 32), dtype=mx.uint32)
         self.scales = mx.zeros((e, out, self.input_dims // group_size))
         self.biases = mx.zeros((e, out, self.input_dims // group_size))
         self.bits, self.group_size = bits, group_size
 
-    def quantize_weights(self, *, bits: int, group_size: int) -> None:
-        """Round-to-nearest affine quantization of the loaded dense weight."""
+    def quantize_weights(
+        self, *, bits: int, group_size: int, mode: ExpertQuantMode = "affine"
+    ) -> None:
+        """Round-to-nearest affine (or, with `mode` "mxfp4", MXFP4) quantization of the loaded
+        dense weight."""
+        if mode == "mxfp4":
+            # mxfp4 returns (weight, scales) only; the stub types three arrays.
+            packed = mx.quantize(self.weight, group_size=group_size, bits=bits, mode="mxfp4")
+            self.weight, self.scales, self.mode = packed[0], packed[1], mode
+            drop_parameters(self, "biases")
+            self.bits, self.group_size = bits, group_size
+            return
         w, scales, biases = mx.quantize(self.weight, group_size=group_size, bits=bits)
         self.weight, self.scales, self.biases = w, scales, biases
         self.bits, self.group_size = bits, group_size
@@ -106,6 +143,15 @@ class ExpertLinear(Declaration):
         if not self.quantized:
             self.weight = self.weight.astype(dtype)
             return
+        if self.mode == "mxfp4":
+            self.weight = mx.dequantize(
+                self.weight, self.scales, None, group_size=self.group_size, bits=self.bits,
+                mode="mxfp4", dtype=dtype,
+            )
+            drop_parameters(self, "scales")
+            self.bits = self.group_size = None
+            self.mode = "affine"
+            return
         self.weight = mx.dequantize(
             self.weight, self.scales, self.biases, group_size=self.group_size, bits=self.bits
         ).astype(dtype)
@@ -114,6 +160,16 @@ class ExpertLinear(Declaration):
 
     def select(self) -> Callable[[mx.array, mx.array], mx.array]:
         """(x [..., 1, 1, in] or [..., k, 1, in], ids [..., k]) -> [..., k, 1, out]."""
+        if self.quantized and self.mode == "mxfp4":
+            group = self.group_size
+
+            def gather_mxfp4(x: mx.array, ids: mx.array) -> mx.array:
+                return mx.gather_qmm(
+                    x, self.weight, self.scales, None, rhs_indices=ids,
+                    transpose=True, group_size=group, bits=4, mode="mxfp4",
+                )
+
+            return gather_mxfp4
         if self.quantized:
             bits, group_size = self.bits, self.group_size
 
@@ -134,19 +190,57 @@ class ExpertLinear(Declaration):
 class GateUp(ExpertLinear):
     """The selected experts' gate and up projections: x [..., in], ids [..., k] ->
     silu(x @ G[e].T) * (x @ U[e].T) [..., k, hidden]. `weight` stacks [G; U] along the output
-    axis: [n_experts, 2 * hidden_dims, input_dims] (transformers' fused gate_up_proj)."""
+    axis: [n_experts, 2 * hidden_dims, input_dims] (transformers' fused gate_up_proj).
 
-    def __init__(self, n_experts: int, input_dims: int, hidden_dims: int) -> None:
+    Options: `bias` adds a per-expert bias [n_experts, 2 * hidden_dims] (same [G; U] order) to
+    the projections; `activation` "gpt_oss_swiglu" computes, with g, u the projections,
+    (clip(u, -limit, limit) + 1) * min(g, limit) * sigmoid(alpha * min(g, limit))."""
+
+    def __init__(
+        self,
+        n_experts: int,
+        input_dims: int,
+        hidden_dims: int,
+        *,
+        bias: bool = False,
+        activation: GateActivation = "silu",
+        alpha: float = 1.702,
+        limit: float = 7.0,
+    ) -> None:
         super().__init__(n_experts, input_dims, 2 * hidden_dims)
         self.hidden_dims = hidden_dims
+        if bias:
+            self.bias = mx.zeros((n_experts, 2 * hidden_dims))
+        self.activation: GateActivation = activation
+        self.alpha = alpha
+        self.limit = limit
         self._bound: Callable[[mx.array, mx.array], mx.array] = self.reference()
 
     def reference(self) -> Callable[[mx.array, mx.array], mx.array]:
         select, hidden = self.select(), self.hidden_dims
+        if self.has_bias or self.activation != "silu":
+            return self._reference_options()
 
         def gate_up(x: mx.array, ids: mx.array) -> mx.array:
             y = select(mx.expand_dims(x, (-2, -3)), ids).squeeze(-2)
             return silu(y[..., :hidden]) * y[..., hidden:]
+
+        return gate_up
+
+    def _reference_options(self) -> Callable[[mx.array, mx.array], mx.array]:
+        select, hidden = self.select(), self.hidden_dims
+        activation, alpha, limit = self.activation, self.alpha, self.limit
+
+        def gate_up(x: mx.array, ids: mx.array) -> mx.array:
+            y = select(mx.expand_dims(x, (-2, -3)), ids).squeeze(-2)
+            if "bias" in self:
+                y = y + self.bias[ids]
+            gate, up = y[..., :hidden], y[..., hidden:]
+            if activation == "gpt_oss_swiglu":
+                gate = mx.minimum(gate, limit)
+                up = mx.clip(up, -limit, limit)
+                return (up + 1.0) * (gate * mx.sigmoid(alpha * gate))
+            return silu(gate) * up
 
         return gate_up
 
@@ -157,14 +251,24 @@ class GateUp(ExpertLinear):
 class DownCombine(ExpertLinear):
     """The selected experts' down projections, weighted and summed: h [..., k, in],
     ids [..., k], weights [..., k] -> sum_j weights[j] * (h[j] @ D[ids[j]].T) [..., out].
-    `weight`: [n_experts, output_dims, input_dims]."""
+    `weight`: [n_experts, output_dims, input_dims]. Option `bias`: a per-expert bias
+    [n_experts, output_dims] added to each selected expert's output before the weighting."""
 
-    def __init__(self, n_experts: int, input_dims: int, output_dims: int) -> None:
+    def __init__(self, n_experts: int, input_dims: int, output_dims: int, *, bias: bool = False) -> None:
         super().__init__(n_experts, input_dims, output_dims)
+        if bias:
+            self.bias = mx.zeros((n_experts, output_dims))
         self._bound: Callable[[mx.array, mx.array, mx.array], mx.array] = self.reference()
 
     def reference(self) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
         select = self.select()
+        if self.has_bias:
+
+            def down_combine_bias(h: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
+                y = select(mx.expand_dims(h, -2), ids).squeeze(-2) + self.bias[ids]
+                return (y * mx.expand_dims(weights, -1)).sum(axis=-2).astype(h.dtype)
+
+            return down_combine_bias
 
         def down_combine(h: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
             y = select(mx.expand_dims(h, -2), ids).squeeze(-2)

@@ -17,7 +17,7 @@ from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.layers import Rope
 from mlx_omnia.engine.errors import UnsupportedModelError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_parameters(config: Mapping[str, Any], layer_type: str | None = None) -> dict[str, Any]:
@@ -59,6 +59,46 @@ def llama3_periods(dims: int, base: float, params: Mapping[str, Any]) -> np.ndar
     return 1.0 / scaled
 
 
+def yarn_periods(dims: int, base: float, params: Mapping[str, Any]) -> tuple[np.ndarray, float]:
+    """YaRN (NTK-by-parts) rope scaling: per-pair periods (1/inv_freq) blending interpolated
+    (period * factor) and original periods over a linear ramp between the correction dims of
+    beta_fast and beta_slow rotations (floored/ceiled unless `truncate` is false), and the
+    attention factor the rotated features are multiplied by (`attention_factor`, else from
+    mscale/mscale_all_dim, else 0.1 * ln(factor) + 1)."""
+    if params.get("factor") is None or params.get("original_max_position_embeddings") is None:
+        raise UnsupportedModelError(
+            "yarn rope scaling needs factor and original_max_position_embeddings (a family fills "
+            "in the latter from max_position_embeddings as transformers does, or refuses yarn)"
+        )
+    factor = float(params["factor"])
+    original = float(params["original_max_position_embeddings"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention = mscale(factor, float(m)) / mscale(factor, float(m_all)) if m and m_all else mscale(factor)
+    fast = float(params.get("beta_fast") or 32.0)
+    slow = float(params.get("beta_slow") or 1.0)
+
+    def correction_dim(rotations: float) -> float:
+        return dims * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(fast), correction_dim(slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0.0), min(high, dims - 1.0)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dims // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    periods = base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    keep = 1.0 - ramp  # weight of the original (extrapolated) frequency
+    inv = (1.0 / (factor * periods)) * ramp + (1.0 / periods) * keep
+    return 1.0 / inv, float(attention)
+
+
 def build_rope(dims: int, params: Mapping[str, Any], *, traditional: bool = False) -> Rope:
     """Declare the Rope for `dims` rotated features with `params` from `rope_parameters`."""
     kind = params["rope_type"]
@@ -71,6 +111,12 @@ def build_rope(dims: int, params: Mapping[str, Any], *, traditional: bool = Fals
         periods = llama3_periods(dims, base, params)
         return Rope(
             dims, base=base, traditional=traditional, freqs=mx.array(periods.astype(np.float32))
+        )
+    if kind == "yarn":
+        periods, attention = yarn_periods(dims, base, params)
+        return Rope(
+            dims, base=base, traditional=traditional,
+            freqs=mx.array(periods.astype(np.float32)), attention_factor=attention,
         )
     raise UnsupportedModelError(
         f"rope scaling type {kind!r} is not supported yet (supported: "

@@ -47,6 +47,10 @@ FAMILIES: dict[str, str] = {
     "gemma3_text": "mlx_omnia.engine.models.gemma3_text",
     "cohere": "mlx_omnia.engine.models.cohere",
     "glm4": "mlx_omnia.engine.models.glm4",
+    "gpt_oss": "mlx_omnia.engine.models.gpt_oss",
+    "deepseek_v2": "mlx_omnia.engine.models.deepseek_v2",
+    "exaone4": "mlx_omnia.engine.models.exaone4",
+    "gpt2": "mlx_omnia.engine.models.gpt2",
 }
 
 

@@ -118,7 +118,10 @@ def declare_quantization(
                         f"{path}: config says {want[0]}-bit groups of {want[1]} but the tensors "
                         f"hold {bits}-bit groups of {group_size}"
                     )
-        module.to_quantized(bits=bits, group_size=group_size)
+        if isinstance(module, ExpertLinear) and scales.dtype == mx.uint8:  # e8m0 scales: MXFP4
+            module.to_quantized(bits=bits, group_size=group_size, mode="mxfp4")
+        else:
+            module.to_quantized(bits=bits, group_size=group_size)
 
 
 def load_strict(network: nn.Module, weights: Mapping[str, mx.array]) -> None:
