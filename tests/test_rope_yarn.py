@@ -153,3 +153,17 @@ def test_missing_lengths_are_refused() -> None:
         build_rope(32, {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0})
     with pytest.raises(UnsupportedModelError, match="factor"):
         build_rope(32, {"rope_type": "yarn", "rope_theta": 1e6, "original_max_position_embeddings": 4096})
+
+
+def test_attention_factor_scales_only_the_rotated_features() -> None:
+    import mlx.core as mx
+    import numpy as np
+
+    from mlx_omnia.engine.core.layers import Rope
+
+    x = mx.array(np.random.default_rng(0).standard_normal((1, 2, 3, 8)).astype(np.float32))
+    partial = Rope(4, base=10000.0, attention_factor=1.5)
+    plain = Rope(4, base=10000.0)
+    got, ref = np.array(partial(x, 0)), np.array(plain(x, 0))
+    assert np.allclose(got[..., :4], 1.5 * ref[..., :4], atol=1e-6)
+    assert np.array_equal(got[..., 4:], np.array(x)[..., 4:])

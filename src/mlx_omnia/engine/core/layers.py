@@ -261,7 +261,11 @@ class Rope(Declaration):
 
         def rope(x: mx.array, offset: int) -> mx.array:
             if factor != 1.0:
-                x = x * factor
+                # The attention factor scales cos and sin: the rotated features only.
+                if self.dims < x.shape[-1]:
+                    x = mx.concatenate([x[..., : self.dims] * factor, x[..., self.dims :]], -1)
+                else:
+                    x = x * factor
             return mx.fast.rope(
                 x, self.dims, traditional=self.traditional,
                 base=None if freqs is not None else self.base,
