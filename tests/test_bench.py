@@ -15,7 +15,7 @@ import pytest
 
 from mlx_omnia.bench import main as bench
 from mlx_omnia.bench import measure
-from mlx_omnia.bench.shapes import SHAPES, tensor_shapes
+from mlx_omnia.bench.shapes import SHAPES, build_checkpoint, checkpoint_bytes, tensor_shapes
 
 HAS_MLX_LM = measure.mlx_lm_importable() is not None
 SMALL = ["--model", "tiny", "--prompt", "16", "--generate", "8", "--runs", "1",
@@ -47,6 +47,8 @@ def test_named_shapes_have_the_published_parameter_counts() -> None:
     assert counts["qwen3-0.6b"] == 596_049_920
     assert counts["llama3.2-1b"] == 1_235_814_400
     assert counts["smollm2-135m"] == 134_515_008
+    assert counts["qwen3-30b-a3b"] == 30_532_122_624
+    assert counts["olmoe-1b-7b"] == 6_919_161_856
 
 
 def test_interleaved_float32_arms_compute_the_same_logits(tmp_path: Path) -> None:
@@ -121,3 +123,58 @@ def test_paired_runs_each_tree_in_its_own_process(tmp_path: Path) -> None:
     assert report["argmax_identical"] is True
     for row in report["table"]:
         assert_positive_row(row)
+
+
+def test_moe_checkpoint_is_sharded_with_per_expert_tensors(tmp_path: Path) -> None:
+    import mlx.core as mx
+
+    import mlx_omnia
+
+    path = build_checkpoint("tiny-moe", tmp_path / "ckpt", dtype="float32", shard_bytes=100_000)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert set(index["weight_map"]) == set(tensor_shapes(SHAPES["tiny-moe"]))
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in index["weight_map"]
+    on_disk = sum((path / f).stat().st_size for f in shards)
+    assert 0 <= on_disk - checkpoint_bytes("tiny-moe", dtype="float32") < 4096 * len(shards)
+    logits = mlx_omnia.load(str(path), dtype="float32").logits([1, 2, 3])
+    assert logits.shape == (3, 512) and bool(mx.all(mx.isfinite(logits)))
+
+
+def test_interleaved_moe_arms_load_the_same_checkpoint(tmp_path: Path) -> None:
+    # float32: MLX's CPU gather_mm (the experts' matmul) takes float32 only.
+    small = ["--model", "tiny-moe", *SMALL[2:]]
+    text, report = run_bench(tmp_path, "interleaved", *small, "--dtype", "float32")
+    assert report["model"]["config"]["model_type"] == "qwen3_moe"
+    if HAS_MLX_LM:
+        assert list(table_rows(text)) == ["omnia", "mlx-lm"]
+        assert report["arms"]["omnia"]["weight_bytes"] == report["arms"]["mlx-lm"]["weight_bytes"]
+        check = report["checks"]["mlx-lm"]
+        assert check["argmax_agree"] == check["steps"] == 8
+        assert check["prefill_logits_max_abs_diff"] <= 1e-4 * check["prefill_logits_max_abs"]
+
+
+def test_interleaved_prequantized_moe_checkpoint(tmp_path: Path) -> None:
+    small = ["--model", "tiny-moe", *SMALL[2:]]
+    # bfloat16 as for the 30B shape (quantized experts run gather_qmm, which the CPU has).
+    text, report = run_bench(tmp_path, "interleaved", *small, "--quantize", "4", "--prequantize")
+    assert report["options"]["quantize"] == {"bits": 4, "group_size": 64, "on_disk": True}
+    assert report["model"]["config"]["quantization"] == {"group_size": 64, "bits": 4}
+    assert "quantize affine 4-bit g64 (written quantized)" in text
+    matrices = sum(math.prod(s) for s in tensor_shapes(SHAPES["tiny-moe"]).values() if len(s) == 2)
+    for row in report["table"]:
+        assert_positive_row(row)
+        assert row["weight_bytes"] < matrices * 0.6
+    if HAS_MLX_LM:
+        # Both arms load the same quantized tensors: the same arithmetic, up to bf16 rounding.
+        assert report["arms"]["omnia"]["weight_bytes"] == report["arms"]["mlx-lm"]["weight_bytes"]
+        check = report["checks"]["mlx-lm"]
+        assert check["prefill_last_argmax"][0] == check["prefill_last_argmax"][1]
+        assert check["prefill_logits_max_abs_diff"] <= 5e-2 * check["prefill_logits_max_abs"]
+        assert check["argmax_agree"] >= 6
+
+
+def test_prequantize_needs_quantize_and_a_named_shape(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--prequantize needs --quantize"):
+        bench.main(["interleaved", *SMALL, "--prequantize"], out=io.StringIO())

@@ -78,9 +78,13 @@ def _print_environment(env: dict[str, Any], out: Out) -> None:
 
 
 @contextmanager
-def checkpoint(model: str, *, dtype: str, seed: int, workdir: str | None) -> Generator[Path, None, None]:
+def checkpoint(
+    model: str, *, dtype: str, seed: int, workdir: str | None,
+    quantize: tuple[int, int] | None = None,
+) -> Generator[Path, None, None]:
     """A checkpoint directory: `model` itself when it is one, else a random-weight checkpoint
-    of the named shape, built for this run and removed after it."""
+    of the named shape, built for this run and removed after it (written already quantized
+    when `quantize` is given)."""
     given = Path(model)
     if given.is_dir():
         yield given
@@ -91,8 +95,9 @@ def checkpoint(model: str, *, dtype: str, seed: int, workdir: str | None) -> Gen
             f"({', '.join(SHAPES)})"
         )
     with tempfile.TemporaryDirectory(prefix="omnia-bench-", dir=workdir) as tmp:
-        _progress(f"building a random-weight {model} checkpoint ({dtype}) in {tmp}")
-        yield build_checkpoint(model, Path(tmp) / model, dtype=dtype, seed=seed)
+        q = "" if quantize is None else f", written {quantize[0]}-bit g{quantize[1]}"
+        _progress(f"building a random-weight {model} checkpoint ({dtype}{q}) in {tmp}")
+        yield build_checkpoint(model, Path(tmp) / model, dtype=dtype, seed=seed, quantize=quantize)
 
 
 def token_stream(path: Path, *, prompt: int, generate: int, seed: int) -> tuple[list[int], list[int]]:
@@ -106,6 +111,20 @@ def token_stream(path: Path, *, prompt: int, generate: int, seed: int) -> tuple[
 
 def _quantize(args: argparse.Namespace) -> tuple[int, int] | None:
     return None if args.quantize is None else (int(args.quantize), int(args.group_size))
+
+
+def _on_disk(args: argparse.Namespace) -> tuple[int, int] | None:
+    """--prequantize: the quantization build_checkpoint writes (the arms then load it as is)."""
+    if not getattr(args, "prequantize", False):
+        return None
+    if args.quantize is None or Path(args.model).is_dir():
+        raise SystemExit("--prequantize needs --quantize BITS and a named shape as --model")
+    return _quantize(args)
+
+
+def _at_load(args: argparse.Namespace) -> tuple[int, int] | None:
+    """The quantization the arms apply at load: none when the checkpoint was written quantized."""
+    return None if _on_disk(args) else _quantize(args)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -175,7 +194,7 @@ def explain(path: Path, args: argparse.Namespace, out: Out) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for reference in (False, True) if args.reference else (False,):
         arm = measure.omnia_arm(
-            str(path), dtype=args.dtype, quantize=_quantize(args), reference=reference
+            str(path), dtype=args.dtype, quantize=_at_load(args), reference=reference
         )
         groups: dict[str, Counter[str]] = {}
         for module_path, impl in arm.bindings.items():
@@ -194,8 +213,10 @@ def explain(path: Path, args: argparse.Namespace, out: Out) -> dict[str, Any]:
 def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
     """Every arm in this process on one checkpoint and one token stream; runs rotate the order."""
     env = environment()
-    quantize = _quantize(args)
-    with checkpoint(args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir) as path:
+    quantize, on_disk = _at_load(args), _on_disk(args)
+    with checkpoint(
+        args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk
+    ) as path:
         if args.explain:
             _print_environment(env, out)
             bound = {"command": "explain", "environment": env, "bindings": explain(path, args, out)}
@@ -260,6 +281,8 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         _print_environment(env, out)
         source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
         q = "none" if quantize is None else f"affine {quantize[0]}-bit g{quantize[1]}"
+        if on_disk is not None:
+            q = f"affine {on_disk[0]}-bit g{on_disk[1]} (written quantized)"
         out(
             f"model: {source}  dtype {args.dtype}  quantize {q}  prompt {len(prompt)}  "
             f"generate {len(generate)}  runs {args.runs}"
@@ -283,7 +306,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             "model": {"source": source, "config": json.loads((path / "config.json").read_text())},
             "options": {
                 "dtype": args.dtype,
-                "quantize": None if quantize is None else {"bits": quantize[0], "group_size": quantize[1]},
+                "quantize": _quantize_json(quantize, on_disk),
                 "prompt": len(prompt),
                 "generate": len(generate),
                 "runs": args.runs,
@@ -313,6 +336,14 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return report
+
+
+def _quantize_json(
+    at_load: tuple[int, int] | None, on_disk: tuple[int, int] | None
+) -> dict[str, Any] | None:
+    if on_disk is not None:
+        return {"bits": on_disk[0], "group_size": on_disk[1], "on_disk": True}
+    return None if at_load is None else {"bits": at_load[0], "group_size": at_load[1]}
 
 
 def _row_json(r: Row) -> dict[str, Any]:
@@ -396,10 +427,12 @@ def paired(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
     """This tree against another revision, each arm in its own process (one process per run:
     a fresh process pays its own loads and warm-ups), runs alternated; medians and the ratio."""
     env = environment()
-    quantize = _quantize(args)
+    quantize, on_disk = _at_load(args), _on_disk(args)
     work_tree = _source_root()
     with (
-        checkpoint(args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir) as path,
+        checkpoint(
+            args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk
+        ) as path,
         tempfile.TemporaryDirectory(prefix="omnia-bench-paired-") as tmp,
     ):
         ref_tree = _reference_tree(args.ref, Path(tmp) / "ref")
@@ -467,6 +500,10 @@ def _common(p: argparse.ArgumentParser, *, default_mib: int) -> None:
     p.add_argument("--quantize", type=int, choices=[2, 3, 4, 5, 6, 8], default=None,
                    help="affine-quantize at load, both arms the same way (bits)")
     p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
+    p.add_argument("--prequantize", action="store_true",
+                   help="with --quantize and a named shape: write the random checkpoint already "
+                        "quantized (MLX layout), which the arms load as is; a 30B MoE then fits "
+                        "a 64 GB disk (~17 GB at 4 bits, ~61 GB at bfloat16)")
     p.add_argument("--prompt", type=int, default=512, help="prompt length in tokens")
     p.add_argument("--generate", type=int, default=128, help="teacher-forced decode steps")
     p.add_argument("--runs", type=int, default=3)
