@@ -125,5 +125,10 @@ class StaticKVCache:
     def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
         return visibility(self._start, queries, keys, window)
 
+    def advance(self, start: mx.array) -> None:
+        """Record one row written at `start` by a kernel that updates the buffers in place."""
+        self._start = start
+        self.state["offset"] = start + 1
+
     def arrays(self) -> list[mx.array]:
         return list(self.state.values())

@@ -7,20 +7,27 @@ so a family's module tree is the checkpoint's tensor tree.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.cache import KVCache, Mask, StaticKVCache, visibility
-from mlx_omnia.engine.core.mxcompat import drop_parameters
+from mlx_omnia.engine.core.kernels import attention_step as attention_kernels
+from mlx_omnia.engine.core.kernels import qmv as qmv_kernels
+from mlx_omnia.engine.core.mxcompat import drop_parameters, gelu_tanh, reshape, silu
 
 QuantMode = Literal["affine"]
+Gate = Literal["silu", "gelu_tanh"]
+_LINEAR_QMV, _PROJECTIONS_QMV = qmv_kernels.implementations()
 
 
 class Linear(Declaration):
-    """Qmv: y = x @ W.T (+ b), W dense or affine-quantized along the input dimension."""
+    """Qmv: y = x @ W.T (+ b) (+ residual), W dense or affine-quantized along the input
+    dimension. `residual` declares what follows: the result is added to it (x + attn(x))."""
+
+    implementations = (_LINEAR_QMV,)
 
     weight: mx.array
     bias: mx.array
@@ -36,7 +43,7 @@ class Linear(Declaration):
             self.bias = mx.zeros((output_dims,))
         self.bits: int | None = None
         self.group_size: int | None = None
-        self._bound: Callable[[mx.array], mx.array] = self.reference()
+        self._bound: Callable[..., mx.array] = self.reference()
 
     @property
     def quantized(self) -> bool:
@@ -68,28 +75,30 @@ class Linear(Declaration):
         drop_parameters(self, "scales", "biases")
         self.bits = self.group_size = None
 
-    def reference(self) -> Callable[[mx.array], mx.array]:
+    def reference(self) -> Callable[..., mx.array]:
         if self.quantized:
             bits, group_size = self.bits, self.group_size
 
-            def qmm(x: mx.array) -> mx.array:
+            def qmm(x: mx.array, residual: mx.array | None = None) -> mx.array:
                 y = mx.quantized_matmul(
                     x, self.weight, self.scales, self.biases,
                     transpose=True, group_size=group_size, bits=bits,
                 )
-                return y + self.bias if "bias" in self else y
+                y = y + self.bias if "bias" in self else y
+                return y if residual is None else residual + y
 
             return qmm
 
-        def mm(x: mx.array) -> mx.array:
-            if "bias" in self:
-                return mx.addmm(self.bias, x, self.weight.T)
-            return x @ self.weight.T
+        def mm(x: mx.array, residual: mx.array | None = None) -> mx.array:
+            y = mx.addmm(self.bias, x, self.weight.T) if "bias" in self else x @ self.weight.T
+            return y if residual is None else residual + y
 
         return mm
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return self._bound(x)
+    def __call__(self, x: mx.array, residual: mx.array | None = None) -> mx.array:
+        if residual is None:
+            return self._bound(x)
+        return self._bound(x, residual)
 
 
 class Embedding(Declaration):
@@ -251,6 +260,11 @@ class Rope(Declaration):
         self.attention_factor = attention_factor
         self._bound: Callable[[mx.array, int], mx.array] = self.reference()
 
+    @property
+    def freqs(self) -> mx.array | None:
+        """Per-pair periods of scaled kinds (None: derived from `base`)."""
+        return self._freqs
+
     def reference(self) -> Callable[[mx.array, int], mx.array]:
         freqs = self._freqs
         factor = self.attention_factor
@@ -281,7 +295,14 @@ class AttentionStep(Declaration):
     `window`: sliding-window attention, a query sees itself and the `window - 1` keys before it
     (transformers' convention). `softcap`: scores become tanh(s / softcap) * softcap before the
     softmax (Gemma 2). `sinks`: per-head logits that join every softmax and take probability mass
-    without contributing a value (gpt-oss)."""
+    without contributing a value (gpt-oss).
+
+    `project` is the whole attention of a layer from its flat projections q [B, L, H*D] and
+    k, v [B, L, Hkv*D]: per-head `q_norm` / `k_norm` (when declared), `rope` at the cache's
+    offset, this attention, heads merged back to [B, L, H*Dv]. The norms and the rope are the
+    family's modules (declared here, not owned: the checkpoint names them where they are)."""
+
+    implementations = (attention_kernels.implementation(),)
 
     def __init__(
         self,
@@ -293,8 +314,13 @@ class AttentionStep(Declaration):
         window: int | None = None,
         softcap: float | None = None,
         value_dim: int | None = None,
+        q_norm: RmsNorm | None = None,
+        k_norm: RmsNorm | None = None,
+        rope: Rope | None = None,
     ) -> None:
         super().__init__()
+        # References kept out of the module tree (their parameters live where the family puts them).
+        object.__setattr__(self, "_pre", (q_norm, k_norm, rope))
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
@@ -302,9 +328,50 @@ class AttentionStep(Declaration):
         self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         self.window = window
         self.softcap = softcap
+        self._attend = self._core_attend()
         self._bound: Callable[..., mx.array] = self.reference()
 
+    @property
+    def q_norm(self) -> RmsNorm | None:
+        return self._pre[0]
+
+    @property
+    def k_norm(self) -> RmsNorm | None:
+        return self._pre[1]
+
+    @property
+    def rope(self) -> Rope | None:
+        return self._pre[2]
+
     def reference(self) -> Callable[..., mx.array]:
+        return self.reference_project()
+
+    def reference_project(self) -> Callable[..., mx.array]:
+        """The core `project`: the ops a family would write itself."""
+        heads, kv_heads, dims, vdims = self.n_heads, self.n_kv_heads, self.head_dim, self.value_dim
+
+        def project(
+            q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None
+        ) -> mx.array:
+            b, length, _ = q.shape
+            q = reshape(q, b, length, heads, dims)
+            k = reshape(k, b, length, kv_heads, dims)
+            v = reshape(v, b, length, kv_heads, vdims)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+            q, k, v = q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
+            if self.rope is not None:
+                offset = cache.offset if cache is not None else 0
+                q = self.rope(q, offset)  # pyright: ignore[reportArgumentType]  # array offsets too
+                k = self.rope(k, offset)  # pyright: ignore[reportArgumentType]
+            out = self._attend(q, k, v, cache)
+            return reshape(out.swapaxes(1, 2), b, length, heads * vdims)
+
+        return project
+
+    def _core_attend(self) -> Callable[..., mx.array]:
         scale, softcap = self.scale, self.softcap
         repeats = self.n_heads // self.n_kv_heads
 
@@ -349,9 +416,15 @@ class AttentionStep(Declaration):
         self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None,
         sinks: mx.array | None = None,
     ) -> mx.array:
+        """Attention of rotated heads q [B, H, L, D], k, v [B, Hkv, L, D] (always the core)."""
         if sinks is None:
-            return self._bound(q, k, v, cache)
-        return self._bound(q, k, v, cache, sinks)
+            return self._attend(q, k, v, cache)
+        return self._attend(q, k, v, cache, sinks)
+
+    def project(
+        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None
+    ) -> mx.array:
+        return self._bound(q, k, v, cache)
 
 
 class LayerNorm(Declaration):
@@ -374,4 +447,50 @@ class LayerNorm(Declaration):
         )
 
     def __call__(self, x: mx.array) -> mx.array:
+        return self._bound(x)
+
+
+class Projections(Declaration):
+    """Several projections of one input: the attention's q/k/v, an MLP's gate/up, a head.
+
+    The family lists its own Linears (or an Embedding used as the tied LM head) and, when they
+    read a normalized input, the RmsNorm before them; with `gate`, two projections combine into
+    act(first) * second. Returns the projections' outputs (one, when gated). The modules are
+    declared here, not owned: their parameters stay where the checkpoint names them."""
+
+    implementations = (_PROJECTIONS_QMV,)
+
+    def __init__(
+        self, matrices: Sequence[Linear | Embedding], *, norm: RmsNorm | None = None,
+        gate: Gate | None = None,
+    ) -> None:
+        super().__init__()
+        if gate is not None and len(matrices) != 2:
+            raise ValueError("a gated Projections combines exactly two projections")
+        object.__setattr__(self, "_matrices", tuple(matrices))
+        object.__setattr__(self, "_norm", norm)
+        self.gate: Gate | None = gate
+        self._bound: Callable[[mx.array], tuple[mx.array, ...]] = self.reference()
+
+    @property
+    def matrices(self) -> tuple[Linear | Embedding, ...]:
+        return self._matrices
+
+    @property
+    def norm(self) -> RmsNorm | None:
+        return self._norm
+
+    def reference(self) -> Callable[[mx.array], tuple[mx.array, ...]]:
+        def run(x: mx.array) -> tuple[mx.array, ...]:
+            h = self.norm(x) if self.norm is not None else x
+            outs = [m.as_linear(h) if isinstance(m, Embedding) else m(h) for m in self.matrices]
+            if self.gate == "silu":
+                return (silu(outs[0]) * outs[1],)
+            if self.gate == "gelu_tanh":
+                return (gelu_tanh(outs[0]) * outs[1],)
+            return tuple(outs)
+
+        return run
+
+    def __call__(self, x: mx.array) -> tuple[mx.array, ...]:
         return self._bound(x)

@@ -8,9 +8,11 @@ from collections.abc import Callable, Iterator
 from typing import Protocol, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
-from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async
+from mlx_omnia.engine.core.layers import AttentionStep
+from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, named_modules
 
 
 class Network(Protocol):
@@ -98,15 +100,19 @@ class CompiledStep:
 
 
 def compile_enabled(network: Network) -> bool:
-    """Whether decode runs the compiled step. OMNIA_COMPILE=1 / 0 forces it on / off; by default
-    it is on for the CPU backend only: on MLX's CUDA backend (H200, 2026-12-02, omnia-bench
-    --eager) the compiled static-cache step decoded at 0.88-0.91x the eager one, as the masked
-    attention over the static buffer costs more than the fusion saves. A family opts out with
+    """Whether decode runs the compiled step. OMNIA_COMPILE=1 / 0 forces it on / off. By default
+    it is on for the CPU backend, and on a GPU when every AttentionStep of the network is bound
+    to a kernel (which attends over the filled rows of the static buffer only): with the core
+    attention, the masked attention over the whole static buffer cost more than the fusion saved
+    on MLX's CUDA backend (H200, 2026-12-02: 0.88-0.91x the eager step). A family opts out with
     `compile_decode = False`."""
     choice = os.environ.get(COMPILE_ENV, "auto")
     if choice == "0" or not getattr(network, "compile_decode", True):
         return False
-    return choice == "1" or mx.default_device() == mx.cpu
+    if choice == "1" or mx.default_device() == mx.cpu:
+        return True
+    steps = [m for _, m in named_modules(cast(nn.Module, network)) if isinstance(m, AttentionStep)]
+    return bool(steps) and all(m.binding != "core" for m in steps)
 
 
 def generate_tokens(

@@ -1,0 +1,147 @@
+"""Qmv kernels bound to Linear and Projections declarations (see cuda.py for the kernel).
+
+`*_applies` accept a declaration only when the kernel computes exactly what it declares: CUDA
+backend, weights dense in bf16/fp16 or affine 4/8-bit with group 32/64/128 (scales in the
+activation dtype), no bias, input width the kernel handles, for Projections an RMS norm of the
+plain kind (weight * x / rms, eps as declared) and a silu or gelu_tanh gate. The bound call runs
+the kernel for one activation row of the declared dtype and hands anything else (prefill, other
+dtypes) to the core implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec, launcher, spec_fits
+
+if TYPE_CHECKING:
+    from mlx_omnia.engine.core.layers import Embedding, Linear, Projections
+
+
+def matrix_format(m: Linear | Embedding) -> tuple[mx.Dtype, int | None, int | None] | None:
+    """(activation dtype, bits, group size) of a Linear or an Embedding used as one; None when
+    it has a bias (not fused) or a mixed format."""
+    if "bias" in m:
+        return None
+    if m.bits is None:
+        return m.weight.dtype, None, None
+    if m.scales.dtype != m.biases.dtype:
+        return None
+    return m.scales.dtype, m.bits, m.group_size
+
+
+def _shape(m: Linear | Embedding) -> tuple[int, int]:
+    """(input features, output rows)."""
+    from mlx_omnia.engine.core.layers import Linear
+
+    if isinstance(m, Linear):
+        return m.input_dims, m.output_dims
+    return m.dims, m.num_embeddings
+
+
+def _weights(m: Linear | Embedding) -> list[mx.array]:
+    return [m.weight] if m.bits is None else [m.weight, m.scales, m.biases]
+
+
+def linear_spec(decl: Linear, *, residual: bool) -> QmvSpec | None:
+    fmt = matrix_format(decl)
+    if fmt is None:
+        return None
+    dtype, bits, group = fmt
+    k, n = _shape(decl)
+    return QmvSpec(dtype=dtype, k=k, rows=(n,), bits=bits, group_size=group, residual=residual)
+
+
+def linear_applies(decl: Linear) -> bool:
+    spec = linear_spec(decl, residual=True)
+    return cuda_backend() and spec is not None and spec_fits(spec)
+
+
+def _single_row(x: mx.array, k: int, dtype: mx.Dtype) -> bool:
+    return x.size == k and x.dtype == dtype
+
+
+def linear_build(decl: Linear) -> Callable[..., mx.array]:
+    plain, fused = linear_spec(decl, residual=False), linear_spec(decl, residual=True)
+    assert plain is not None and fused is not None
+    reference = decl.reference()
+    calls: dict[tuple[tuple[int, ...], bool], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
+
+    def call(x: mx.array, residual: mx.array | None = None) -> mx.array:
+        if not _single_row(x, plain.k, plain.dtype) or (
+            residual is not None
+            and (residual.dtype != plain.dtype or residual.shape != (*x.shape[:-1], plain.rows[0]))
+        ):
+            return reference(x, residual)
+        key = (x.shape[:-1], residual is not None)
+        run = calls.get(key)
+        if run is None:
+            run = calls[key] = launcher(fused if residual is not None else plain, key[0])
+        inputs = [x, *_weights(decl)]
+        if residual is not None:
+            inputs.append(residual)
+        return run(inputs)[0]
+
+    return call
+
+
+def projections_spec(decl: Projections) -> QmvSpec | None:
+    from mlx_omnia.engine.core.layers import RmsNorm
+
+    fmts = {matrix_format(m) for m in decl.matrices}
+    if len(fmts) != 1 or None in fmts:
+        return None
+    fmt = fmts.pop()
+    assert fmt is not None
+    dtype, bits, group = fmt
+    shapes = [_shape(m) for m in decl.matrices]
+    if len({k for k, _ in shapes}) != 1:
+        return None
+    norm = decl.norm
+    if norm is not None and (type(norm) is not RmsNorm or norm.weight.dtype != dtype):
+        return None
+    return QmvSpec(
+        dtype=dtype, k=shapes[0][0], rows=tuple(n for _, n in shapes), bits=bits,
+        group_size=group, norm_eps=None if norm is None else norm.eps, gate=decl.gate,
+    )
+
+
+def projections_applies(decl: Projections) -> bool:
+    spec = projections_spec(decl)
+    return cuda_backend() and spec is not None and spec_fits(spec)
+
+
+def projections_build(decl: Projections) -> Callable[[mx.array], tuple[mx.array, ...]]:
+    spec = projections_spec(decl)
+    assert spec is not None
+    reference = decl.reference()
+    calls: dict[tuple[int, ...], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
+
+    def call(x: mx.array) -> tuple[mx.array, ...]:
+        if not _single_row(x, spec.k, spec.dtype):
+            return reference(x)
+        lead = x.shape[:-1]
+        run = calls.get(lead)
+        if run is None:
+            run = calls[lead] = launcher(spec, lead)
+        inputs: list[mx.array] = [x]
+        for m in decl.matrices:
+            inputs += _weights(m)
+        if decl.norm is not None:
+            inputs.append(decl.norm.weight)
+        return tuple(run(inputs))
+
+    return call
+
+
+def implementations() -> tuple[Any, Any]:
+    """(Implementation for Linear, Implementation for Projections)."""
+    from mlx_omnia.engine.core.binding import Implementation
+
+    return (
+        Implementation("qmv_cuda", linear_applies, linear_build),
+        Implementation("qmv_cuda", projections_applies, projections_build),
+    )
