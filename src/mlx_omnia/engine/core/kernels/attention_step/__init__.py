@@ -46,12 +46,16 @@ def attention_spec(decl: AttentionStep, dtype: mx.Dtype, capacity: int) -> Atten
 
 
 def attention_applies(decl: AttentionStep) -> bool:
+    return cuda_backend() and attention_fits(decl)
+
+
+def attention_fits(decl: AttentionStep) -> bool:
+    """Every declared property is one the kernel computes (the backend aside)."""
     from mlx_omnia.engine.core.layers import Rope
 
     rope = decl.rope
     return (
-        cuda_backend()
-        and decl.window is None
+        decl.window is None
         and decl.softcap is None
         and decl.value_dim == decl.head_dim
         and type(rope) is Rope

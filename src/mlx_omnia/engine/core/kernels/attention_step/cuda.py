@@ -62,11 +62,25 @@ __device__ __forceinline__ void attention_split(
     }
     return;
   }
-  // Values of the slice into shared memory (in flight while the heads are prepared).
-  for (int i = tid; i < n * CH; i += NT) {
-    const int r = i / CH, c = i % CH, t = t0 + r;
-    const uint4* src = reinterpret_cast<const uint4*>(t == pos ? v_new + kvh * D : vc + (size_t)t * D);
-    reinterpret_cast<uint4*>(&vs[r][0])[c] = src[c];
+  // Values of the slice into shared memory, and this thread's key row into registers: every
+  // load is issued before the heads are prepared, so their latencies overlap.
+  constexpr int VLOADS = (KPB * CH + NT - 1) / NT;
+#pragma unroll
+  for (int u = 0; u < VLOADS; ++u) {
+    const int i = tid + u * NT;
+    if (i < n * CH) {
+      const int r = i / CH, c = i % CH, t = t0 + r;
+      const uint4* src = reinterpret_cast<const uint4*>(t == pos ? v_new + kvh * D : vc + (size_t)t * D);
+      reinterpret_cast<uint4*>(&vs[r][0])[c] = src[c];
+    }
+  }
+  const int my_t = t0 + tid;
+  const bool my_key = tid < n && my_t != pos;
+  uint4 kv[CH];
+  if (my_key) {
+    const uint4* krow = reinterpret_cast<const uint4*>(kc + (size_t)my_t * D);
+#pragma unroll
+    for (int c = 0; c < CH; ++c) kv[c] = krow[c];
   }
   // Norm (optional) then rope of each query head of the group and of the new key: warp per head.
   for (int j = warp; j <= G; j += NW) {
@@ -114,20 +128,15 @@ __device__ __forceinline__ void attention_split(
   }
   // Scores: one thread per key.
   if (tid < n) {
-    const int t = t0 + tid;
     float acc[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) acc[g] = 0.f;
-    if (t == pos) {
+    if (!my_key) {
       for (int d = 0; d < D; ++d) {
 #pragma unroll
         for (int g = 0; g < G; ++g) acc[g] = fmaf(hs[g][d], hs[G][d], acc[g]);
       }
     } else {
-      const uint4* krow = reinterpret_cast<const uint4*>(kc + (size_t)t * D);
-      uint4 kv[CH];
-#pragma unroll
-      for (int c = 0; c < CH; ++c) kv[c] = krow[c];
 #pragma unroll
       for (int c = 0; c < CH; ++c) {
         float kf[8];
@@ -180,12 +189,13 @@ __device__ __forceinline__ void attention_combine(const float* part_o, const flo
                                                   int splits) {
   const int h = blockIdx.x, d = threadIdx.x;
   float m = -omnia_inf();
+#pragma unroll 8
   for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[((size_t)s * H + h) * 2]);
   float l = 0.f, o = 0.f;
+#pragma unroll 8
   for (int s = 0; s < splits; ++s) {
     const float ms = part_ml[((size_t)s * H + h) * 2];
-    if (ms == -omnia_inf()) continue;
-    const float w = __expf(ms - m);
+    const float w = ms == -omnia_inf() ? 0.f : __expf(ms - m);
     l = fmaf(part_ml[((size_t)s * H + h) * 2 + 1], w, l);
     o = fmaf(part_o[((size_t)s * H + h) * D + d], w, o);
   }

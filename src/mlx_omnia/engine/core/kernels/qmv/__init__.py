@@ -55,9 +55,14 @@ def linear_spec(decl: Linear, *, residual: bool) -> QmvSpec | None:
     return QmvSpec(dtype=dtype, k=k, rows=(n,), bits=bits, group_size=group, residual=residual)
 
 
-def linear_applies(decl: Linear) -> bool:
+def linear_fits(decl: Linear) -> bool:
+    """Every declared property is one the kernel computes (the backend aside)."""
     spec = linear_spec(decl, residual=True)
-    return cuda_backend() and spec is not None and spec_fits(spec)
+    return spec is not None and spec_fits(spec)
+
+
+def linear_applies(decl: Linear) -> bool:
+    return cuda_backend() and linear_fits(decl)
 
 
 def _single_row(x: mx.array, k: int, dtype: mx.Dtype) -> bool:
@@ -109,9 +114,14 @@ def projections_spec(decl: Projections) -> QmvSpec | None:
     )
 
 
-def projections_applies(decl: Projections) -> bool:
+def projections_fits(decl: Projections) -> bool:
+    """Every declared property is one the kernel computes (the backend aside)."""
     spec = projections_spec(decl)
-    return cuda_backend() and spec is not None and spec_fits(spec)
+    return spec is not None and spec_fits(spec)
+
+
+def projections_applies(decl: Projections) -> bool:
+    return cuda_backend() and projections_fits(decl)
 
 
 def projections_build(decl: Projections) -> Callable[[mx.array], tuple[mx.array, ...]]:

@@ -48,16 +48,32 @@ struct QmvRow {
       }
       return d0 + d1;
     } else {
-      constexpr int PER = 32 / BITS;
-      constexpr unsigned int MASK = (1u << BITS) - 1u;
       const unsigned int ws[4] = {wv.x, wv.y, wv.z, wv.w};
       float part[4];  // one chain per word: short dependency chains
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         part[i] = 0.f;
+        if constexpr (BITS == 4) {
+          // xf holds x * 16^-(m % 4) (prescale): nibble m of a half-word, masked in place and
+          // made a float by the 2^23 exponent trick, is q * 16^(m % 4) exactly: no shifts.
 #pragma unroll
-        for (int j = 0; j < PER; ++j) {
-          part[i] = fmaf(small_uint_to_float((ws[i] >> (BITS * j)) & MASK), xf[i * PER + j], part[i]);
+          for (int h = 0; h < 2; ++h) {
+            const unsigned int half = h == 0 ? (ws[i] & 0xFFFFu) : (ws[i] >> 16);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const float q =
+                  __uint_as_float((half & (0xFu << (4 * j))) | 0x4B000000u) - 8388608.0f;
+              part[i] = fmaf(q, xf[i * 8 + h * 4 + j], part[i]);
+            }
+          }
+        } else {
+          constexpr int PER = 32 / BITS;
+          constexpr unsigned int MASK = (1u << BITS) - 1u;
+#pragma unroll
+          for (int j = 0; j < PER; ++j) {
+            part[i] = fmaf(small_uint_to_float((ws[i] >> (BITS * j)) & MASK), xf[i * PER + j],
+                           part[i]);
+          }
         }
       }
       const float d = (part[0] + part[1]) + (part[2] + part[3]);
@@ -149,6 +165,10 @@ __device__ __forceinline__ void qmv(
     if constexpr (BITS != 0) {
 #pragma unroll
       for (int j = 0; j < VPC; ++j) sx += xf[j];
+    }
+    if constexpr (BITS == 4) {
+#pragma unroll
+      for (int j = 0; j < VPC; ++j) xf[j] *= (j % 4 == 0 ? 1.f : j % 4 == 1 ? 0.0625f : j % 4 == 2 ? 0.00390625f : 0.000244140625f);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -283,7 +303,7 @@ def launcher(spec: QmvSpec, lead: tuple[int, ...]) -> Callable[[Sequence[mx.arra
 
 def spec_fits(spec: QmvSpec) -> bool:
     """Geometry and formats this kernel computes exactly (the rest stays with the core)."""
-    if spec.dtype not in CUDA_TYPES:
+    if spec.dtype not in CUDA_TYPES or spec.gate not in (None, "silu", "gelu_tanh"):
         return False
     if spec.k % 8 or spec.k * 2 > 40_000 or not 1 <= len(spec.rows) <= 3:
         return False

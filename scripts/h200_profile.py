@@ -1,0 +1,66 @@
+"""GPU time per kernel of one engine decode step (qwen3-4b shape, 2 layers) under ncu.
+
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
+        python3 scripts/h200_profile.py run bf16|q4 > ncu.csv
+    python3 scripts/h200_profile.py report ncu.csv"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import tempfile
+from pathlib import Path
+
+LAYERS = 2
+
+
+def run(fmt: str) -> None:
+    import mlx.core as mx
+
+    import mlx_omnia
+    from mlx_omnia.bench import shapes
+
+    shapes.SHAPES["qwen3-4b-short"] = dict(shapes.SHAPES["qwen3-4b"], num_hidden_layers=LAYERS)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = shapes.build_checkpoint("qwen3-4b-short", Path(tmp) / "m", dtype="bfloat16")
+        q = None if fmt == "bf16" else {"bits": 4, "group_size": 64}
+        model = mlx_omnia.load(str(path), dtype="bfloat16", quantize=q)
+        print(sorted(set(model.bindings().values())), file=sys.stderr)
+        marker = mx.fast.cuda_kernel(name="probe_marker", input_names=["x"], output_names=["y"],
+                                     source="y[0] = x[0];")
+        seq = model.decoding()
+        out = seq.feed(list(range(1, 513)))
+        mx.eval(out, seq.state())
+        for t in range(4):
+            mx.eval(seq.feed([7 + t]), seq.state())
+        x = mx.zeros((1,))
+        mx.eval(marker(inputs=[x], output_shapes=[(1,)], output_dtypes=[mx.float32],
+                       grid=(1, 1, 1), threadgroup=(1, 1, 1))[0])
+        mx.eval(seq.feed([99]), seq.state())
+        mx.eval(marker(inputs=[x], output_shapes=[(1,)], output_dtypes=[mx.float32],
+                       grid=(1, 1, 1), threadgroup=(1, 1, 1))[0])
+
+
+def report(path: str) -> None:
+    rows = list(csv.reader(line for line in open(path) if line.startswith('"')))
+    head = rows[0]
+    ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+    seq = [(r[ki], float(r[vi].replace(",", "")) * scale.get(r[ui], 1.0)) for r in rows[1:]]
+    marks = [i for i, (n, _) in enumerate(seq) if "probe_marker" in n]
+    part = seq[marks[-2] + 1 : marks[-1]]
+    total = sum(t for _, t in part)
+    print(f"== {Path(path).name}: one decode step, {LAYERS} layers + head: {len(part)} kernels, "
+          f"{total:.1f} us")
+    agg: dict[str, list[float]] = {}
+    for n, t in part:
+        agg.setdefault(n.split("(")[0][:100], []).append(t)
+    for n, ts in sorted(agg.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {sum(ts):8.1f} us {len(ts):3d}x  {n}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        run(sys.argv[2])
+    else:
+        report(sys.argv[2])

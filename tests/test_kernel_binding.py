@@ -1,0 +1,222 @@
+"""Kernel predicates and binding, on any backend (mutation tests).
+
+For each kernel: the declaration it was written for is accepted by its `*_fits` predicate, and a
+declaration that differs in one declared property alone (dtype, bits, group size, bias, norm
+kind, activation, geometry, attention variant, rope kind) is declined. On the CPU backend no
+CUDA kernel binds (`*_applies` is false and every binding is the core)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+import pytest
+
+from mlx_omnia.engine.core.binding import bind_layers
+from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.kernels.attention_step import attention_applies, attention_fits
+from mlx_omnia.engine.core.kernels.qmv import (
+    linear_applies,
+    linear_fits,
+    projections_applies,
+    projections_fits,
+)
+from mlx_omnia.engine.core.layers import (
+    AttentionStep,
+    Embedding,
+    Linear,
+    OffsetRmsNorm,
+    Projections,
+    RmsNorm,
+    Rope,
+)
+from mlx_omnia.engine.core.rope import LongRope
+
+on_cpu = pytest.mark.skipif(cuda_backend(), reason="checks the CPU backend")
+
+
+def linear(k: int = 256, n: int = 512, *, dtype: mx.Dtype = mx.bfloat16, bits: int | None = None,
+           group_size: int = 64, bias: bool = False) -> Linear:
+    lin = Linear(k, n, bias=bias)
+    lin.weight = lin.weight.astype(dtype)
+    if bias:
+        lin.bias = lin.bias.astype(dtype)
+    if bits is not None:
+        lin.to_quantized(bits=bits, group_size=group_size)
+        lin.scales = lin.scales.astype(dtype)
+        lin.biases = lin.biases.astype(dtype)
+    return lin
+
+
+def norm(dims: int = 256, dtype: mx.Dtype = mx.bfloat16) -> RmsNorm:
+    n = RmsNorm(dims, 1e-6)
+    n.weight = n.weight.astype(dtype)
+    return n
+
+
+# --- Linear (Qmv) ---------------------------------------------------------------------------
+LINEAR_ACCEPTED: dict[str, Callable[[], Linear]] = {
+    "dense bf16": lambda: linear(),
+    "dense fp16": lambda: linear(dtype=mx.float16),
+    "affine 4-bit g64": lambda: linear(bits=4),
+    "affine 4-bit g32": lambda: linear(bits=4, group_size=32),
+    "affine 8-bit g128": lambda: linear(bits=8, group_size=128),
+}
+
+
+def _mixed_scales() -> Linear:
+    lin = linear(bits=4)
+    lin.biases = lin.biases.astype(mx.float16)
+    return lin
+
+
+LINEAR_DECLINED: dict[str, Callable[[], Linear]] = {
+    "dtype float32": lambda: linear(dtype=mx.float32),
+    "bias": lambda: linear(bias=True),
+    "bits 3": lambda: linear(bits=3, group_size=64),
+    "bits 2": lambda: linear(bits=2, group_size=64),
+    "group size 16": lambda: linear(bits=4, group_size=16),
+    "scales float32": lambda: linear(bits=4, dtype=mx.float32),
+    "scales and biases of two dtypes": _mixed_scales,
+    "input width not a multiple of 8": lambda: linear(k=252),
+    "input width past the shared-memory stage": lambda: linear(k=32768),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LINEAR_ACCEPTED))
+def test_qmv_accepts_what_it_computes(case: str) -> None:
+    assert linear_fits(LINEAR_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(LINEAR_DECLINED))
+def test_qmv_declines_a_declaration_differing_in_one_property(case: str) -> None:
+    assert not linear_fits(LINEAR_DECLINED[case]())
+
+
+# --- Projections ------------------------------------------------------------------------------
+def qkv(**kw: object) -> list[Linear]:
+    return [linear(n=n, **kw) for n in (512, 128, 128)]  # type: ignore[arg-type]
+
+
+def _offset_norm() -> OffsetRmsNorm:
+    n = OffsetRmsNorm(256)
+    n.weight = n.weight.astype(mx.bfloat16)
+    return n
+
+
+PROJECTIONS_ACCEPTED: dict[str, Callable[[], Projections]] = {
+    "q/k/v after an RMS norm": lambda: Projections(qkv(), norm=norm()),
+    "q/k/v 4-bit, no norm": lambda: Projections(qkv(bits=4)),
+    "gate/up silu": lambda: Projections([linear(), linear()], norm=norm(), gate="silu"),
+    "gate/up gelu_tanh 8-bit": lambda: Projections([linear(bits=8), linear(bits=8)], gate="gelu_tanh"),
+    "tied head": lambda: Projections([_embedding()], norm=norm()),
+}
+
+
+def _embedding(bits: int | None = None) -> Embedding:
+    e = Embedding(1024, 256)
+    e.weight = e.weight.astype(mx.bfloat16)
+    if bits is not None:
+        e.to_quantized(bits=bits, group_size=64)
+        e.scales = e.scales.astype(mx.bfloat16)
+        e.biases = e.biases.astype(mx.bfloat16)
+    return e
+
+
+PROJECTIONS_DECLINED: dict[str, Callable[[], Projections]] = {
+    "Gemma's offset norm": lambda: Projections(qkv(), norm=_offset_norm()),  # type: ignore[arg-type]
+    "norm weight float32": lambda: Projections(qkv(), norm=norm(dtype=mx.float32)),
+    "one projection quantized": lambda: Projections([linear(), linear(bits=4)]),
+    "two group sizes": lambda: Projections([linear(bits=4), linear(bits=4, group_size=32)]),
+    "two input widths": lambda: Projections([linear(k=256), linear(k=512)]),
+    "a bias": lambda: Projections([linear(), linear(bias=True)]),
+    "gate over unequal rows": lambda: Projections([linear(n=512), linear(n=256)], gate="silu"),
+    "four projections": lambda: Projections([linear() for _ in range(4)]),
+    "dtype float32": lambda: Projections([linear(dtype=mx.float32)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROJECTIONS_ACCEPTED))
+def test_projections_kernel_accepts_what_it_computes(case: str) -> None:
+    assert projections_fits(PROJECTIONS_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(PROJECTIONS_DECLINED))
+def test_projections_kernel_declines_a_declaration_differing_in_one_property(case: str) -> None:
+    assert not projections_fits(PROJECTIONS_DECLINED[case]())
+
+
+def test_gated_projections_need_two() -> None:
+    with pytest.raises(ValueError, match="exactly two"):
+        Projections([linear()], gate="silu")
+
+
+# --- AttentionStep ----------------------------------------------------------------------------
+def attention(**over: object) -> AttentionStep:
+    kw: dict[str, object] = {
+        "n_heads": 32, "n_kv_heads": 8, "head_dim": 128,
+        "q_norm": norm(128), "k_norm": norm(128), "rope": Rope(128, base=1e6),
+    }
+    kw.update(over)
+    return AttentionStep(**kw)  # type: ignore[arg-type]
+
+
+def _long_rope() -> LongRope:
+    periods = mx.ones((64,))
+    return LongRope(128, short_periods=periods, long_periods=periods, original_max=4096,
+                    attention_factor=1.0)
+
+
+ATTENTION_ACCEPTED: dict[str, Callable[[], AttentionStep]] = {
+    "qwen3 (head norms, GQA 4)": lambda: attention(),
+    "llama (no norms, GQA 8, head 64)": lambda: attention(
+        n_heads=32, n_kv_heads=4, head_dim=64, q_norm=None, k_norm=None, rope=Rope(64, base=5e5)
+    ),
+    "multi-head": lambda: attention(n_kv_heads=32),
+    "scaled rope frequencies": lambda: attention(rope=Rope(128, base=1e6, freqs=mx.ones((64,)))),
+    "traditional rope": lambda: attention(rope=Rope(128, base=1e4, traditional=True)),
+}
+
+ATTENTION_DECLINED: dict[str, Callable[[], AttentionStep]] = {
+    "sliding window": lambda: attention(window=4096),
+    "soft-capped scores": lambda: attention(softcap=50.0),
+    "values wider than keys": lambda: attention(value_dim=256),
+    "head_dim 256": lambda: attention(head_dim=256, q_norm=norm(256), k_norm=norm(256),
+                                      rope=Rope(256, base=1e6)),
+    "partial rope": lambda: attention(rope=Rope(64, base=1e6)),
+    "rope attention factor": lambda: attention(rope=Rope(128, base=1e6, attention_factor=0.9)),
+    "longrope": lambda: attention(rope=_long_rope()),
+    "no rope": lambda: attention(rope=None),
+    "offset norm on queries": lambda: attention(q_norm=OffsetRmsNorm(128)),
+    "norm over another width": lambda: attention(k_norm=norm(64)),
+    "32 query heads per kv head": lambda: attention(n_kv_heads=1),
+    "heads not a multiple of kv heads": lambda: attention(n_heads=30),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION_ACCEPTED))
+def test_attention_kernel_accepts_what_it_computes(case: str) -> None:
+    assert attention_fits(ATTENTION_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION_DECLINED))
+def test_attention_kernel_declines_a_declaration_differing_in_one_property(case: str) -> None:
+    assert not attention_fits(ATTENTION_DECLINED[case]())
+
+
+# --- the CPU backend ----------------------------------------------------------------------------
+@on_cpu
+def test_no_cuda_kernel_applies_on_the_cpu() -> None:
+    assert not linear_applies(LINEAR_ACCEPTED["dense bf16"]())
+    assert not projections_applies(PROJECTIONS_ACCEPTED["q/k/v after an RMS norm"]())
+    assert not attention_applies(ATTENTION_ACCEPTED["qwen3 (head norms, GQA 4)"]())
+
+
+@on_cpu
+def test_loaded_models_bind_only_core_implementations_on_the_cpu(tiny_llama_dir: object) -> None:
+    from mlx_omnia import load
+
+    model = load(str(tiny_llama_dir), dtype="bfloat16")
+    assert model.bindings()
+    assert set(model.bindings().values()) == {"core"}
+    assert bind_layers(model.network) == model.bindings()

@@ -1,0 +1,208 @@
+"""Every CUDA kernel against its core module, on fresh random inputs over many shapes.
+
+Marked `cuda`: deselected by default, run on the H200 with `pytest -m cuda` (MLX's CUDA build).
+Tolerances: outputs are bf16/fp16, so the kernel and the core differ by the rounding of
+differently ordered float32 sums (a few units in the last place of the largest output)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
+from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, Projections, RmsNorm, Rope
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda_backend(), reason="needs MLX's CUDA backend"),
+]
+
+FORMATS = [(None, None), (4, 32), (4, 64), (4, 128), (8, 64)]
+ULP = {mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11}
+
+
+def rel_err(got: mx.array, want: mx.array) -> float:
+    g = np.array(got.astype(mx.float32))
+    w = np.array(want.astype(mx.float32))
+    assert np.isfinite(g).all(), "kernel wrote a non-finite value"
+    return float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-6))
+
+
+def make_linear(k: int, n: int, fmt: tuple[int | None, int | None], dtype: mx.Dtype) -> Linear:
+    lin = Linear(k, n)
+    lin.weight = (mx.random.normal((n, k)) * 0.05).astype(dtype)
+    bits, group = fmt
+    if bits is not None and group is not None:
+        lin.quantize_weights(bits=bits, group_size=group)
+    return lin
+
+
+def make_norm(dims: int, dtype: mx.Dtype, eps: float = 1e-6) -> RmsNorm:
+    n = RmsNorm(dims, eps)
+    n.weight = (1.0 + 0.2 * mx.random.normal((dims,))).astype(dtype)
+    return n
+
+
+SHAPES = [(256, 512), (576, 1536), (2560, 4096), (4096, 2560), (9728, 2560), (1024, 32000)]
+LINEAR_CASES = [
+    (k, n, f, d)
+    for (k, n), f, d in [
+        *itertools.product(SHAPES, FORMATS, [mx.bfloat16]),
+        *itertools.product(SHAPES[:3], [(None, None), (4, 64)], [mx.float16]),
+    ]
+    if f[1] is None or k % f[1] == 0
+]
+
+
+@pytest.mark.parametrize(("k", "n", "fmt", "dtype"), LINEAR_CASES)
+def test_qmv_linear_matches_core(k: int, n: int, fmt: tuple[int | None, int | None],
+                                 dtype: mx.Dtype) -> None:
+    lin = make_linear(k, n, fmt, dtype)
+    assert lin.bind() == "qmv_cuda"
+    core = lin.reference()
+    for _ in range(2):
+        x = mx.random.normal((1, 1, k)).astype(dtype)
+        res = mx.random.normal((1, 1, n)).astype(dtype)
+        assert rel_err(lin(x), core(x)) <= 4 * ULP[dtype]
+        assert rel_err(lin(x, residual=res), core(x, res)) <= 4 * ULP[dtype]
+    x = mx.random.normal((1, 5, k)).astype(dtype)  # several rows: the core path
+    assert rel_err(lin(x), core(x)) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("fmt", "dtype"), [(f, mx.bfloat16) for f in FORMATS] + [((4, 64), mx.float16)]
+)
+@pytest.mark.parametrize("case", ["qkv", "silu", "gelu_tanh", "plain pair"])
+def test_qmv_projections_match_core(case: str, fmt: tuple[int | None, int | None],
+                                    dtype: mx.Dtype) -> None:
+    k = 1024
+    if case == "qkv":
+        mats = [make_linear(k, n, fmt, dtype) for n in (2048, 512, 512)]
+        proj = Projections(mats, norm=make_norm(k, dtype))
+    elif case == "plain pair":
+        proj = Projections([make_linear(k, 768, fmt, dtype) for _ in range(2)])
+    else:
+        mats = [make_linear(k, 2816, fmt, dtype) for _ in range(2)]
+        proj = Projections(mats, norm=make_norm(k, dtype, 1e-5), gate=case)  # type: ignore[arg-type]
+    assert proj.bind() == "qmv_cuda"
+    core = proj.reference()
+    tolerance = (8 if case in ("silu", "gelu_tanh") else 4) * ULP[dtype]
+    for _ in range(3):
+        x = (3 * mx.random.normal((1, 1, k))).astype(dtype)
+        got, want = proj(x), core(x)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape
+            assert rel_err(g, w) <= tolerance
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_qmv_tied_head_matches_core(bits: int | None) -> None:
+    table = Embedding(8192, 512)
+    table.weight = (mx.random.normal((8192, 512)) * 0.05).astype(mx.bfloat16)
+    if bits is not None:
+        table.quantize_weights(bits=bits, group_size=64)
+    head = Projections([table], norm=make_norm(512, mx.bfloat16))
+    assert head.bind() == "qmv_cuda"
+    x = mx.random.normal((1, 1, 512)).astype(mx.bfloat16)
+    assert rel_err(head(x)[0], head.reference()(x)[0]) <= 4 * ULP[mx.bfloat16]
+
+
+ATTENTION_CASES = {
+    "qwen3": dict(n_heads=32, n_kv_heads=8, head_dim=128, norms=True, rope=dict(base=1e6)),
+    "llama": dict(n_heads=32, n_kv_heads=8, head_dim=64, norms=False, rope=dict(base=5e5)),
+    "mha": dict(n_heads=8, n_kv_heads=8, head_dim=128, norms=False, rope=dict(base=1e4)),
+    "gqa16 traditional": dict(n_heads=16, n_kv_heads=1, head_dim=96, norms=True,
+                              rope=dict(base=1e4, traditional=True)),
+    "scaled freqs": dict(n_heads=16, n_kv_heads=4, head_dim=128, norms=False,
+                         rope=dict(base=1e4, scale=0.25)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
+@pytest.mark.parametrize("prefix", [1, 63, 64, 300, 700])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_attention_step_matches_core(case: str, prefix: int, dtype: mx.Dtype) -> None:
+    c = ATTENTION_CASES[case]
+    h, hkv, d = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+    rope = Rope(d, **c["rope"])  # type: ignore[arg-type]
+    qn = make_norm(d, dtype) if c["norms"] else None
+    kn = make_norm(d, dtype) if c["norms"] else None
+    att = AttentionStep(n_heads=h, n_kv_heads=hkv, head_dim=d, q_norm=qn, k_norm=kn, rope=rope)
+    assert att.bind() == "attention_step_cuda"
+    core = att.reference()
+
+    def prefilled() -> KVCache:
+        cache = KVCache()
+        mx.random.seed(prefix)
+        q = mx.random.normal((1, prefix, h * d)).astype(dtype)
+        k = mx.random.normal((1, prefix, hkv * d)).astype(dtype)
+        v = mx.random.normal((1, prefix, hkv * d)).astype(dtype)
+        mx.eval(core(q, k, v, cache), cache.state())
+        return cache
+
+    mine, theirs = StaticKVCache.from_cache(prefilled()), StaticKVCache.from_cache(prefilled())
+    for step in range(3):
+        for cache in (mine, theirs):
+            cache.reserve(prefix + step + 1)
+        q = (2 * mx.random.normal((1, 1, h * d))).astype(dtype)
+        k = (2 * mx.random.normal((1, 1, hkv * d))).astype(dtype)
+        v = mx.random.normal((1, 1, hkv * d)).astype(dtype)
+        got = att.project(q, k, v, mine)
+        want = core(q, k, v, theirs)
+        mx.eval(got, want, mine.arrays(), theirs.arrays())
+        assert got.shape == want.shape == (1, 1, h * d)
+        assert rel_err(got, want) <= 8 * ULP[dtype]
+        assert int(mine.offset.item()) == int(theirs.offset.item()) == prefix + step + 1
+        n = prefix + step + 1
+        assert rel_err(mine.state["keys"][..., :n, :], theirs.state["keys"][..., :n, :]) <= 2 * ULP[dtype]
+        assert rel_err(mine.state["values"][..., :n, :], theirs.state["values"][..., :n, :]) == 0.0
+
+
+def test_kernels_bind_only_on_the_gpu_device() -> None:
+    lin = make_linear(256, 512, (None, None), mx.bfloat16)
+    mx.set_default_device(mx.cpu)
+    try:
+        assert lin.bind() == "core"
+    finally:
+        mx.set_default_device(mx.gpu)
+    assert lin.bind() == "qmv_cuda"
+
+
+@pytest.mark.parametrize("quantize", [None, {"bits": 4, "group_size": 64}])
+def test_small_model_greedy_tokens_equal_the_reference(
+    tmp_path: Path, quantize: dict[str, int] | None
+) -> None:
+    """A whole model whose every declaration binds a kernel: 64 greedy tokens through the
+    compiled kernel step equal the core path's, and the logits agree."""
+    import os
+
+    from mlx_omnia import GenerationOptions, load
+    from tests.fixtures.tiny import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "m", hidden_size=256, intermediate_size=512,
+                            num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3)
+    fast = load(str(path), dtype="bfloat16", quantize=quantize)
+    kinds = set(fast.bindings().values())
+    assert kinds == {"qmv_cuda", "attention_step_cuda", "core"}, kinds
+    os.environ["OMNIA_REFERENCE_KERNELS"] = "1"
+    try:
+        ref = load(str(path), dtype="bfloat16", quantize=quantize)
+    finally:
+        del os.environ["OMNIA_REFERENCE_KERNELS"]
+    assert set(ref.bindings().values()) == {"core"}
+    opts = GenerationOptions(max_tokens=64, temperature=0.0)
+    prompt = "the quick brown fox jumps over"
+    assert fast.generate(prompt, opts).token_ids == ref.generate(prompt, opts).token_ids
+    ids = fast.encode(prompt)
+    a, b = fast.decoding(), ref.decoding()
+    a.feed(ids[:-1]), b.feed(ids[:-1])
+    for token in ids[-1:] + [5, 9, 13]:
+        la, lb = a.feed([token]), b.feed([token])
+        mx.eval(la, lb, a.state(), b.state())
+        assert rel_err(la, lb) <= 0.02
