@@ -15,7 +15,14 @@ import pytest
 
 from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
 from mlx_omnia.engine.core.kernels import cuda_backend
-from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, Projections, RmsNorm, Rope
+from mlx_omnia.engine.core.layers import (
+    AttentionStep,
+    Embedding,
+    Linear,
+    Projections,
+    RmsNorm,
+    Rope,
+)
 
 pytestmark = [
     pytest.mark.cuda,
@@ -205,7 +212,7 @@ def test_small_model_greedy_tokens_equal_the_reference(
     ids = fast.encode(prompt)
     a, b = fast.decoding(), ref.decoding()
     a.feed(ids[:-1]), b.feed(ids[:-1])
-    for token in ids[-1:] + [5, 9, 13]:
+    for token in [*ids[-1:], 5, 9, 13]:
         la, lb = a.feed([token]), b.feed([token])
         mx.eval(la, lb, a.state(), b.state())
         assert rel_err(la, lb) <= 0.02

@@ -303,6 +303,7 @@ class AttentionStep(Declaration):
     family's modules (declared here, not owned: the checkpoint names them where they are)."""
 
     implementations = (attention_kernels.implementation(),)
+    _pre: tuple[RmsNorm | None, RmsNorm | None, Rope | None]
 
     def __init__(
         self,
@@ -459,6 +460,8 @@ class Projections(Declaration):
     declared here, not owned: their parameters stay where the checkpoint names them."""
 
     implementations = (_PROJECTIONS_QMV,)
+    _matrices: tuple[Linear | Embedding, ...]
+    _norm: RmsNorm | None
 
     def __init__(
         self, matrices: Sequence[Linear | Embedding], *, norm: RmsNorm | None = None,

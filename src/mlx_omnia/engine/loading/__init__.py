@@ -42,6 +42,7 @@ def load(
     quantize: QuantizeSpec = None,
     revision: str | None = None,
     local_files_only: bool = False,
+    reference_kernels: bool | None = None,
 ) -> Model:
     """Load a model: a local HF checkpoint directory, a hub repo id, a .gguf file, or
     "smollm2-135m-instruct"; None loads that embedded default model.
@@ -49,15 +50,18 @@ def load(
     dtype: "float32", "bfloat16", "float16" or an mx.Dtype; None keeps the checkpoint's dtype on
     a GPU and uses float32 on the CPU (where float32 matmuls are the fast ones).
     quantize: round-to-nearest affine quantization at load, as bits (4 or 8) or
-    {"bits": 4, "group_size": 64}, for unquantized checkpoints."""
+    {"bits": 4, "group_size": 64}, for unquantized checkpoints.
+    reference_kernels: True binds every layer declaration to its core MLX implementation (the
+    numerical reference, for A/B runs) instead of a specialized kernel; None reads
+    OMNIA_REFERENCE_KERNELS (1 = reference). `Model.bindings()` reports what each layer got."""
     want = _dtype(dtype)
     spec = _quantize_spec(quantize)
     source = resolve(model, revision=revision, local_files_only=local_files_only)
     if source.kind == "gguf":
         from mlx_omnia.engine.loading.gguf import load_gguf
 
-        return load_gguf(source, dtype=want, quantize=spec)
-    return _load_directory(source, dtype=want, quantize=spec)
+        return load_gguf(source, dtype=want, quantize=spec, reference_kernels=reference_kernels)
+    return _load_directory(source, dtype=want, quantize=spec, reference_kernels=reference_kernels)
 
 
 def on_cpu() -> bool:
@@ -92,7 +96,8 @@ def _checkpoint_dtype(config: Mapping[str, Any]) -> mx.Dtype:
 
 
 def finish_network(
-    network: nn.Module, *, dtype: mx.Dtype, quantize: tuple[int, int] | None
+    network: nn.Module, *, dtype: mx.Dtype, quantize: tuple[int, int] | None,
+    reference_kernels: bool | None = None,
 ) -> None:
     """After strict loading: cast, optionally quantize, bind declarations, materialize."""
     cast_floats(network, dtype)
@@ -103,7 +108,7 @@ def finish_network(
                 dims = module.input_dims if isinstance(module, Linear | ExpertLinear) else module.dims
                 if dims % group_size == 0:
                     module.quantize_weights(bits=bits, group_size=group_size)
-    bind_layers(network)
+    bind_layers(network, force_reference=reference_kernels)
     evaluate(list(flat_parameters(network).values()))
 
 
@@ -119,7 +124,8 @@ def eos_ids(*configs: Mapping[str, Any]) -> list[int]:
 
 
 def _load_directory(
-    source: Source, *, dtype: mx.Dtype | None, quantize: tuple[int, int] | None
+    source: Source, *, dtype: mx.Dtype | None, quantize: tuple[int, int] | None,
+    reference_kernels: bool | None = None,
 ) -> Model:
     path = source.path
     config = read_json(path / "config.json")
@@ -136,7 +142,7 @@ def _load_directory(
     load_strict(network, weights)
     if dtype is None:
         dtype = mx.float32 if on_cpu() else _checkpoint_dtype(config)
-    finish_network(network, dtype=dtype, quantize=quantize)
+    finish_network(network, dtype=dtype, quantize=quantize, reference_kernels=reference_kernels)
     generation: dict[str, Any] = {}
     if (path / "generation_config.json").is_file():
         generation = read_json(path / "generation_config.json")

@@ -53,7 +53,10 @@ def read(path: Any) -> tuple[dict[str, mx.array], dict[str, Any]]:
         ) from e
 
 
-def load_gguf(source: Source, *, dtype: mx.Dtype | None, quantize: tuple[int, int] | None) -> Model:
+def load_gguf(
+    source: Source, *, dtype: mx.Dtype | None, quantize: tuple[int, int] | None,
+    reference_kernels: bool | None = None,
+) -> Model:
     from mlx_omnia.engine.loading import finish_network, on_cpu
 
     tensors, metadata = read(source.path)
@@ -81,7 +84,7 @@ def load_gguf(source: Source, *, dtype: mx.Dtype | None, quantize: tuple[int, in
                 module.dequantize_weights(mx.float32)
     if dtype is None:
         dtype = mx.float32 if on_cpu() else mx.float16
-    finish_network(network, dtype=dtype, quantize=quantize)
+    finish_network(network, dtype=dtype, quantize=quantize, reference_kernels=reference_kernels)
     tokenizer = tokenizer_from_gguf(metadata)
     return Model(
         name=source.name,

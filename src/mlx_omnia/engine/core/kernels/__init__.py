@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -24,7 +24,8 @@ def cuda_kernel(name: str, inputs: tuple[str, ...], outputs: tuple[str, ...], so
                 header: str) -> Callable[..., Any]:
     """One `mx.fast.cuda_kernel` per distinct source (MLX caches the compiled module by name, so
     a name is never reused for another source: callers put every baked constant in the name)."""
-    return mx.fast.cuda_kernel(  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    kernel: Any = mx.fast.cuda_kernel(
         name=name, input_names=list(inputs), output_names=list(outputs), source=source,
         header=header, ensure_row_contiguous=True,
     )
+    return cast(Callable[..., Any], kernel)

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+
+def flag(value: bool) -> str:
+    """A C++ bool literal."""
+    return "true" if value else "false"
+
+
 # CUDA C type of each activation dtype the kernels take.
 CUDA_TYPES: dict[mx.Dtype, str] = {mx.bfloat16: "__nv_bfloat16", mx.float16: "__half"}
 

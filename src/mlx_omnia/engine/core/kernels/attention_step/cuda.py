@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlx_omnia.engine.core.kernels import cuda_kernel
-from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER
+from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, flag
 
 KEYS_PER_BLOCK = 64
 
@@ -246,7 +246,6 @@ class AttentionStepSpec:
 def launcher(spec: AttentionStepSpec, lead: tuple[int, ...]) -> Callable[[list[mx.array]], mx.array]:
     t = CUDA_TYPES[spec.dtype]
     h, d = spec.n_heads, spec.head_dim
-    flag = lambda b: "true" if b else "false"  # noqa: E731
     qn, kn = spec.q_eps is not None, spec.k_eps is not None
     split = cuda_kernel(
         f"omnia_attention_split_{spec.tag()}", spec.input_names(), ("part_o", "part_ml"),

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import mlx.core as mx
 
 from mlx_omnia.engine.core.kernels import cuda_kernel
-from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER
+from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, flag
 
 Gate = Literal["silu", "gelu_tanh"]
 WARPS = 8
@@ -263,7 +263,6 @@ class QmvSpec:
         bits = self.bits or 0
         group = self.group_size or 1
         eps = repr(float(self.norm_eps)) + "f" if self.norm_eps is not None else "0.f"
-        flag = lambda b: "true" if b else "false"  # noqa: E731
         return (
             f"omnia::qmv<{t}, {bits}, {group}, {self.k}, {n[0]}, {n[1]}, {n[2]}, "
             f"{self.rows_per_warp}, {WARPS}, {flag(self.norm_eps is not None)}, {act}, "
