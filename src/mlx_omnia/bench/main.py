@@ -249,7 +249,9 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
                 )
             else:
                 _progress("loading mlx-lm")
-                arms.append(measure.mlx_lm_arm(str(path), dtype=args.dtype, quantize=quantize))
+                arms.append(measure.mlx_lm_arm(
+                    str(path), dtype=args.against_dtype or args.dtype, quantize=quantize
+                ))
         _progress(f"copy bandwidth ({args.bandwidth_mib} MiB)")
         bandwidth = measure.copy_bandwidth(args.bandwidth_mib * 2**20)
         for arm in arms:
@@ -284,7 +286,9 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         if on_disk is not None:
             q = f"affine {on_disk[0]}-bit g{on_disk[1]} (written quantized)"
         out(
-            f"model: {source}  dtype {args.dtype}  quantize {q}  prompt {len(prompt)}  "
+            f"model: {source}  dtype {args.dtype}"
+            + (f" (mlx-lm: {args.against_dtype})" if args.against_dtype else "")
+            + f"  quantize {q}  prompt {len(prompt)}  "
             f"generate {len(generate)}  runs {args.runs}"
         )
         out(f"copy bandwidth: {bandwidth / 1e9:,.1f} GB/s (floor tok/s = bandwidth / weight bytes)")
@@ -306,6 +310,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             "model": {"source": source, "config": json.loads((path / "config.json").read_text())},
             "options": {
                 "dtype": args.dtype,
+                "against_dtype": args.against_dtype,
                 "quantize": _quantize_json(quantize, on_disk),
                 "prompt": len(prompt),
                 "generate": len(generate),
@@ -523,6 +528,9 @@ def parser() -> argparse.ArgumentParser:
     _common(inter, default_mib=default_mib)
     inter.add_argument("--against", choices=["mlx-lm", "none"], default="mlx-lm",
                        help="the baseline arm (skipped, with a note, when mlx_lm is not importable)")
+    inter.add_argument("--against-dtype", default=None, choices=list(DTYPES),
+                       help="load the mlx-lm arm in this dtype instead of --dtype (e.g. the "
+                            "engine's float32 CPU path against mlx-lm in bfloat16)")
     inter.add_argument("--reference", action="store_true",
                        help="add the omnia-reference arm (OMNIA_REFERENCE_KERNELS=1)")
     inter.add_argument("--eager", action="store_true",
