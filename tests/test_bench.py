@@ -61,7 +61,8 @@ def test_interleaved_float32_arms_compute_the_same_logits(tmp_path: Path) -> Non
         assert_positive_row(row)
     assert report["copy_bandwidth_bytes_per_s"] > 0
     assert report["options"] | {"seed": 0} == {
-        "dtype": "float32", "quantize": None, "prompt": 16, "generate": 8, "runs": 1, "seed": 0
+        "dtype": "float32", "against_dtype": None, "quantize": None, "prompt": 16, "generate": 8,
+        "runs": 1, "seed": 0,
     }
     # Every arm holds the same weights and fed the same ids, so the logits agree: this checks
     # that the comparison compares like with like.
