@@ -179,3 +179,14 @@ def test_interleaved_prequantized_moe_checkpoint(tmp_path: Path) -> None:
 def test_prequantize_needs_quantize_and_a_named_shape(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--prequantize needs --quantize"):
         bench.main(["interleaved", *SMALL, "--prequantize"], out=io.StringIO())
+
+
+@pytest.mark.skipif(not HAS_MLX_LM, reason="mlx-lm is part of the dev extra")
+def test_against_dtype_loads_the_mlx_lm_arm_in_its_own_dtype(tmp_path: Path) -> None:
+    text, report = run_bench(
+        tmp_path, "interleaved", *SMALL, "--dtype", "float32", "--against-dtype", "bfloat16"
+    )
+    assert "dtype float32 (mlx-lm: bfloat16)" in text
+    assert report["options"]["against_dtype"] == "bfloat16"
+    ours, theirs = report["arms"]["omnia"]["weight_bytes"], report["arms"]["mlx-lm"]["weight_bytes"]
+    assert ours == 2 * theirs
