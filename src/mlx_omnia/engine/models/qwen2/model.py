@@ -8,8 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_omnia.engine.core.cache import KVCache
-from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
-from mlx_omnia.engine.core.mxcompat import reshape, silu
+from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, Projections, RmsNorm
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.qwen2.config import Qwen2Config
 
@@ -26,19 +25,15 @@ class Qwen2Attention(nn.Module):
         self.o_proj = Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.rope = build_rope(self.head_dim, cfg.rope)
         self.attention = AttentionStep(
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+            rope=self.rope,
         )
 
-    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        b, length, _ = x.shape
-        q = reshape(self.q_proj(x), b, length, self.n_heads, -1).swapaxes(1, 2)
-        k = reshape(self.k_proj(x), b, length, self.n_kv_heads, -1).swapaxes(1, 2)
-        v = reshape(self.v_proj(x), b, length, self.n_kv_heads, -1).swapaxes(1, 2)
-        offset = cache.offset if cache is not None else 0
-        q = self.rope(q, offset)
-        k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache)
-        return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
+    def __call__(
+        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None, residual: mx.array
+    ) -> mx.array:
+        """residual + o_proj(attention of the projections q, k, v)."""
+        return self.o_proj(self.attention.project(q, k, v, cache), residual=residual)
 
 
 class Qwen2MLP(nn.Module):
@@ -48,8 +43,6 @@ class Qwen2MLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -59,10 +52,19 @@ class Qwen2DecoderLayer(nn.Module):
         self.mlp = Qwen2MLP(cfg)
         self.input_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        attn, mlp = self.self_attn, self.mlp
+        self.qkv = Projections(
+            (attn.q_proj, attn.k_proj, attn.v_proj), norm=self.input_layernorm
+        )
+        self.gate_up = Projections(
+            (mlp.gate_proj, mlp.up_proj), norm=self.post_attention_layernorm, gate="silu"
+        )
 
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        q, k, v = self.qkv(x)
+        h = self.self_attn(q, k, v, cache, residual=x)
+        (act,) = self.gate_up(h)
+        return self.mlp.down_proj(act, residual=h)
 
 
 class Qwen2Model(nn.Module):
@@ -72,11 +74,15 @@ class Qwen2Model(nn.Module):
         self.layers = [Qwen2DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)]
         self.norm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+    def hidden(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+        """The last layer's output, before the final norm."""
         h = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             h = layer(h, cache[i] if cache is not None else None)
-        return self.norm(h)
+        return h
+
+    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+        return self.norm(self.hidden(ids, cache))
 
 
 class Qwen2ForCausalLM(nn.Module):
@@ -86,12 +92,12 @@ class Qwen2ForCausalLM(nn.Module):
         self.model = Qwen2Model(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        table = self.model.embed_tokens if cfg.tie_word_embeddings else self.lm_head
+        self.head = Projections((table,), norm=self.model.norm)
 
     def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
-        h = self.model(ids, cache)
-        if self.config.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+        (logits,) = self.head(self.model.hidden(ids, cache))
+        return logits
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.model.layers]
