@@ -70,6 +70,7 @@ def test_interleaved_float32_arms_compute_the_same_logits(tmp_path: Path) -> Non
     for arm in arms[1:]:
         check = report["checks"][arm]
         assert check["argmax_agree"] == check["steps"] == 8
+        assert check["disagree_within_noise"] == check["disagree_beyond_noise"] == 0
         assert check["prefill_last_argmax"][0] == check["prefill_last_argmax"][1]
         assert check["prefill_logits_max_abs_diff"] <= 1e-4 * check["prefill_logits_max_abs"]
     for arm in arms:
@@ -190,3 +191,13 @@ def test_against_dtype_loads_the_mlx_lm_arm_in_its_own_dtype(tmp_path: Path) -> 
     assert report["options"]["against_dtype"] == "bfloat16"
     ours, theirs = report["arms"]["omnia"]["weight_bytes"], report["arms"]["mlx-lm"]["weight_bytes"]
     assert ours == 2 * theirs
+
+
+def test_margin_check_excuses_only_near_ties() -> None:
+    # Step 1 agrees (its shared logits differ by 0.01: the noise); step 2 flips a near tie
+    # (the other arm's margin 0.005), step 3 flips a clear winner (margin 1.0).
+    ours = [{1: 2.0, 2: 1.0}, {3: 1.000, 4: 0.999}, {5: 1.0, 6: 0.0}]
+    theirs = [{1: 2.01, 2: 1.0}, {3: 0.995, 4: 1.000}, {5: 0.0, 6: 1.0}]
+    check = bench.margin_check(ours, theirs)
+    assert check["decode_logit_noise"] == pytest.approx(0.01)
+    assert (check["disagree_within_noise"], check["disagree_beyond_noise"]) == (1, 1)

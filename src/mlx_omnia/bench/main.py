@@ -295,7 +295,9 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         for name, check in checks.items():
             out(
                 f"check {name} vs {arms[0].name}: decode argmax agree {check['argmax_agree']}/"
-                f"{check['steps']}, prompt last-row logits max |diff| "
+                f"{check['steps']} (disagreements within the logit noise "
+                f"{check['decode_logit_noise']:.3g}: {check['disagree_within_noise']}, beyond: "
+                f"{check['disagree_beyond_noise']}), prompt last-row logits max |diff| "
                 f"{check['prefill_logits_max_abs_diff']:.3g} (of max |logit| "
                 f"{check['prefill_logits_max_abs']:.3g})"
             )
@@ -364,6 +366,35 @@ def _row_json(r: Row) -> dict[str, Any]:
     }
 
 
+def margin_check(ours: Sequence[dict[int, float]], theirs: Sequence[dict[int, float]]) -> dict[str, Any]:
+    """Argmax disagreements weighed by the other arm's top-2 margin (the issue's criterion).
+
+    Noise: the largest |difference| of one token's logit between the two arms, over the tokens
+    both have among their top logits, over the steps where both pick the same token (the
+    dtype's measured rounding noise on the logits that matter; 0 when no step agrees). A
+    disagreement is within noise when the other arm's top-2 margin at that step is at most the
+    noise: the arms rank two near-tied tokens differently."""
+    noise = 0.0
+    for a, b in zip(ours, theirs, strict=True):
+        if not a or not b or max(a, key=a.__getitem__) != max(b, key=b.__getitem__):
+            continue
+        for token in a.keys() & b.keys():
+            noise = max(noise, abs(a[token] - b[token]))
+    within = beyond = 0
+    for a, b in zip(ours, theirs, strict=True):
+        if not a or not b:
+            continue
+        if max(a, key=a.__getitem__) == max(b, key=b.__getitem__):
+            continue
+        top2 = sorted(b.values(), reverse=True)[:2]
+        if top2[0] - top2[1] <= noise:
+            within += 1
+        else:
+            beyond += 1
+    return {"decode_logit_noise": noise, "disagree_within_noise": within,
+            "disagree_beyond_noise": beyond}
+
+
 def _checks(first: str, results: dict[str, list[measure.RunResult]]) -> dict[str, dict[str, Any]]:
     """Each arm's first run against the first arm's: they computed the same model on the same
     ids, so the logits must agree (up to the dtype's rounding) and the argmaxes nearly always."""
@@ -377,6 +408,7 @@ def _checks(first: str, results: dict[str, list[measure.RunResult]]) -> dict[str
         checks[name] = {
             "steps": len(ref.decode_argmax),
             "argmax_agree": agree,
+            **margin_check(ref.decode_top, run.decode_top),
             "prefill_last_argmax": [
                 int(np.argmax(ref.prefill_last_logits)), int(np.argmax(run.prefill_last_logits))
             ],

@@ -55,6 +55,8 @@ class RunResult:
     # For the cross-arm check (not timed): last prompt row's logits and each step's argmax.
     prefill_last_logits: np.ndarray[Any, np.dtype[np.float32]]
     decode_argmax: list[int]
+    # Each step's TOP_K highest logits: {token id: logit}, for the margin-aware agreement.
+    decode_top: list[dict[int, float]] = field(default_factory=list[dict[int, float]])
 
     @property
     def decode_median_s(self) -> float:
@@ -62,6 +64,14 @@ class RunResult:
 
 
 COMPILE_ENV = "OMNIA_COMPILE"
+TOP_K = 8
+
+
+def top_logits(row: mx.array, k: int = TOP_K) -> dict[int, float]:
+    """The k highest logits of one row, by token id."""
+    values = np.array(row.astype(mx.float32), dtype=np.float32)
+    ids = np.argpartition(-values, k)[:k]
+    return {int(i): float(values[i]) for i in ids}
 
 
 def omnia_arm(
@@ -161,13 +171,15 @@ def run_once(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> RunRes
     last = np.array(logits[-1].astype(mx.float32), dtype=np.float32)
     steps: list[float] = []
     argmax: list[int] = []
+    tops: list[dict[int, float]] = []
     for token in generate:
         start = time.perf_counter()
         logits, state = feed([token])
         evaluate(logits, *state)
         steps.append(time.perf_counter() - start)
         argmax.append(cast(int, mx.argmax(logits[-1]).item()))  # untimed
-    return RunResult(prefill_s, steps, last, argmax)
+        tops.append(top_logits(logits[-1]))
+    return RunResult(prefill_s, steps, last, argmax, tops)
 
 
 def copy_bandwidth(nbytes: int, reps: int = 10) -> float:
