@@ -237,10 +237,6 @@ class AttentionStepSpec:
             names.append("kw")
         return (*names, "inv_freq", "k_cache", "v_cache", "pos")
 
-    def launch(self, inputs: list[mx.array], lead: tuple[int, ...] = ()) -> mx.array:
-        """`inputs` in `input_names` order; the output has shape lead + (heads * head_dim,)."""
-        return launcher(self, lead)(inputs)
-
 
 @cache
 def launcher(spec: AttentionStepSpec, lead: tuple[int, ...]) -> Callable[[list[mx.array]], mx.array]:

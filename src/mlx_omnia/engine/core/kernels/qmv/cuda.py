@@ -273,10 +273,6 @@ class QmvSpec:
             f"{eps});\n"
         )
 
-    def launch(self, inputs: Sequence[mx.array], lead: tuple[int, ...] = ()) -> list[mx.array]:
-        """Run on `inputs` (in `input_names` order); outputs have shape lead + (rows,)."""
-        return launcher(self, lead)(inputs)
-
 
 @cache
 def launcher(spec: QmvSpec, lead: tuple[int, ...]) -> Callable[[Sequence[mx.array]], list[mx.array]]:
