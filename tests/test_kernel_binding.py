@@ -173,6 +173,8 @@ ATTENTION_ACCEPTED: dict[str, Callable[[], AttentionStep]] = {
         n_heads=32, n_kv_heads=4, head_dim=64, q_norm=None, k_norm=None, rope=Rope(64, base=5e5)
     ),
     "multi-head": lambda: attention(n_kv_heads=32),
+    "GQA 8, head 32": lambda: attention(n_heads=16, n_kv_heads=2, head_dim=32, q_norm=None,
+                                        k_norm=None, rope=Rope(32, base=1e4)),
     "scaled rope frequencies": lambda: attention(rope=Rope(128, base=1e6, freqs=mx.ones((64,)))),
     "traditional rope": lambda: attention(rope=Rope(128, base=1e4, traditional=True)),
 }
@@ -190,6 +192,9 @@ ATTENTION_DECLINED: dict[str, Callable[[], AttentionStep]] = {
     "offset norm on queries": lambda: attention(q_norm=OffsetRmsNorm(128)),
     "norm over another width": lambda: attention(k_norm=norm(64)),
     "32 query heads per kv head": lambda: attention(n_kv_heads=1),
+    "16 query heads per kv head": lambda: attention(n_kv_heads=2),
+    "head_dim 96": lambda: attention(head_dim=96, q_norm=norm(96), k_norm=norm(96),
+                                     rope=Rope(96, base=1e6)),
     "heads not a multiple of kv heads": lambda: attention(n_heads=30),
 }
 

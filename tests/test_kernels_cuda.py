@@ -7,6 +7,7 @@ differently ordered float32 sums (a few units in the last place of the largest o
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -15,6 +16,8 @@ import pytest
 
 from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
 from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.kernels.qmv import linear_spec, projections_spec
+from mlx_omnia.engine.core.kernels.qmv.cuda import CANDIDATES, Launch, launcher
 from mlx_omnia.engine.core.layers import (
     AttentionStep,
     Embedding,
@@ -46,6 +49,7 @@ def make_linear(k: int, n: int, fmt: tuple[int | None, int | None], dtype: mx.Dt
     bits, group = fmt
     if bits is not None and group is not None:
         lin.quantize_weights(bits=bits, group_size=group)
+    lin.bind(force_reference=True)  # the matrix's own call follows its final format
     return lin
 
 
@@ -79,6 +83,33 @@ def test_qmv_linear_matches_core(k: int, n: int, fmt: tuple[int | None, int | No
         assert rel_err(lin(x, residual=res), core(x, res)) <= 4 * ULP[dtype]
     x = mx.random.normal((1, 5, k)).astype(dtype)  # several rows: the core path
     assert rel_err(lin(x), core(x)) == 0.0
+
+
+@pytest.mark.parametrize("launch", CANDIDATES, ids=str)
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 32)])
+def test_qmv_every_launch_candidate_matches_core(launch: Launch,
+                                                 fmt: tuple[int | None, int | None]) -> None:
+    """Gated (gate/up after a norm) and residual launches of each candidate configuration."""
+    dtype = mx.bfloat16
+    mats = [make_linear(1024, 2816, fmt, dtype) for _ in range(2)]
+    proj = Projections(mats, norm=make_norm(1024, dtype, 1e-5), gate="silu")
+    spec = projections_spec(proj)
+    assert spec is not None
+    x = (3 * mx.random.normal((1, 1, 1024))).astype(dtype)
+    weights = [a for m in mats for a in ([m.weight] if m.bits is None else
+                                         [m.weight, m.scales, m.biases])]
+    run = launcher(replace(spec, launch=launch), (1, 1))
+    (got,) = run([x, *weights, proj.norm.weight])  # type: ignore[union-attr]
+    (want,) = proj.reference()(x)
+    assert rel_err(got, want) <= 8 * ULP[dtype]
+    down = make_linear(2816, 1024, fmt, dtype)
+    lin_spec = linear_spec(down, residual=True)
+    assert lin_spec is not None
+    h = mx.random.normal((1, 1, 2816)).astype(dtype)
+    res = mx.random.normal((1, 1, 1024)).astype(dtype)
+    inputs = [h, *([down.weight] if down.bits is None else [down.weight, down.scales, down.biases]), res]
+    (got,) = launcher(replace(lin_spec, launch=launch), (1, 1))(inputs)
+    assert rel_err(got, down.reference()(h, res)) <= 4 * ULP[dtype]
 
 
 @pytest.mark.parametrize(
@@ -127,15 +158,16 @@ ATTENTION_CASES = {
     "qwen3": dict(n_heads=32, n_kv_heads=8, head_dim=128, norms=True, rope=dict(base=1e6)),
     "llama": dict(n_heads=32, n_kv_heads=8, head_dim=64, norms=False, rope=dict(base=5e5)),
     "mha": dict(n_heads=8, n_kv_heads=8, head_dim=128, norms=False, rope=dict(base=1e4)),
-    "gqa16 traditional": dict(n_heads=16, n_kv_heads=1, head_dim=96, norms=True,
-                              rope=dict(base=1e4, traditional=True)),
+    "gqa8 traditional": dict(n_heads=16, n_kv_heads=2, head_dim=64, norms=True,
+                             rope=dict(base=1e4, traditional=True)),
+    "head 32": dict(n_heads=8, n_kv_heads=4, head_dim=32, norms=True, rope=dict(base=1e4)),
     "scaled freqs": dict(n_heads=16, n_kv_heads=4, head_dim=128, norms=False,
                          rope=dict(base=1e4, scale=0.25)),
 }
 
 
 @pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
-@pytest.mark.parametrize("prefix", [1, 64, 700])
+@pytest.mark.parametrize("prefix", [1, 64, 700, 2300])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 def test_attention_step_matches_core(case: str, prefix: int, dtype: mx.Dtype) -> None:
     c = ATTENTION_CASES[case]

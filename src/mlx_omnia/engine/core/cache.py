@@ -125,10 +125,11 @@ class StaticKVCache:
     def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
         return visibility(self._start, queries, keys, window)
 
-    def advance(self, start: mx.array) -> None:
-        """Record one row written at `start` by a kernel that updates the buffers in place."""
+    def advance(self, start: mx.array, following: mx.array | None = None) -> None:
+        """Record one row written at `start` by a kernel that updates the buffers in place;
+        `following` is start + 1 when the kernel computed it."""
         self._start = start
-        self.state["offset"] = start + 1
+        self.state["offset"] = start + 1 if following is None else following
 
     def arrays(self) -> list[mx.array]:
         return list(self.state.values())

@@ -18,12 +18,12 @@ import numpy as np
 from mlx_omnia.engine.core.cache import StaticKVCache
 from mlx_omnia.engine.core.kernels import cuda_backend
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
-    KEYS_PER_BLOCK,
     AttentionStepSpec,
     launcher,
     spec_fits,
 )
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
+from mlx_omnia.engine.core.mxcompat import evaluate
 
 if TYPE_CHECKING:
     from mlx_omnia.engine.core.layers import AttentionStep, RmsNorm
@@ -63,7 +63,7 @@ def attention_fits(decl: AttentionStep) -> bool:
         and rope.attention_factor == 1.0
         and _plain_norm(decl.q_norm, decl.head_dim)
         and _plain_norm(decl.k_norm, decl.head_dim)
-        and spec_fits(attention_spec(decl, mx.bfloat16, KEYS_PER_BLOCK))
+        and spec_fits(attention_spec(decl, mx.bfloat16, StaticKVCache.step))
     )
 
 
@@ -81,7 +81,14 @@ def inverse_frequencies(decl: AttentionStep) -> mx.array:
 def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
     reference = decl.reference_project()
     inv_freq = inverse_frequencies(decl)
-    calls: dict[tuple[mx.Dtype, int, tuple[int, ...]], Callable[[list[mx.array]], mx.array]] = {}
+    # The kernel's slice counters, one per kv head: zero between launches (the last block of a
+    # kv head resets its own); owned by this binding, written in place.
+    counters = mx.zeros((decl.n_kv_heads,), dtype=mx.int32)
+    evaluate(counters)
+    calls: dict[
+        tuple[mx.Dtype, int, tuple[int, ...]],
+        Callable[[list[mx.array]], tuple[mx.array, mx.array]],
+    ] = {}
 
     def project(q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
         if (
@@ -91,22 +98,24 @@ def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
             or not (k.dtype == v.dtype == q.dtype == cache.state["keys"].dtype)
             or (decl.q_norm is not None and decl.q_norm.weight.dtype != q.dtype)
             or (decl.k_norm is not None and decl.k_norm.weight.dtype != q.dtype)
-            or cache.capacity % KEYS_PER_BLOCK
         ):
             return reference(q, k, v, cache)
         key = (q.dtype, cache.capacity, q.shape[:-1])
         run = calls.get(key)
         if run is None:
-            run = calls[key] = launcher(attention_spec(decl, q.dtype, cache.capacity), key[2])
+            spec = attention_spec(decl, q.dtype, cache.capacity)
+            if not spec_fits(spec):
+                return reference(q, k, v, cache)
+            run = calls[key] = launcher(spec, key[2])
         pos = cache.state["offset"]
         inputs = [q, k, v]
         if decl.q_norm is not None:
             inputs.append(decl.q_norm.weight)
         if decl.k_norm is not None:
             inputs.append(decl.k_norm.weight)
-        inputs += [inv_freq, cache.state["keys"], cache.state["values"], pos]
-        out = run(inputs)
-        cache.advance(pos)
+        inputs += [inv_freq, cache.state["keys"], cache.state["values"], pos, counters]
+        out, following = run(inputs)
+        cache.advance(pos, following)
         return out
 
     return project

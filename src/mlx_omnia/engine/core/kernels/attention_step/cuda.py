@@ -1,16 +1,19 @@
 """AttentionStep for one new token on MLX's CUDA backend: append its key/value to a fixed-capacity
-cache in place, then causal grouped-query attention over every filled row.
+cache in place, then causal grouped-query attention over every filled row, in one launch.
 
-Two launches. `split`: one block per (kv head, slice of KEYS_PER_BLOCK cache rows) scores the
-slice for all of the kv head's query heads, and writes unnormalized partial outputs with their
-running max and sum; the block of slice 0 also stores the new key/value row at `pos`. Slices past
-`pos` write empty partials, so the grid depends on the capacity only, never on the length (one
-traced step serves every position). `combine`: one block per query head merges the slices.
+One block per (kv head, slice of KPB cache rows). A block first issues the loads of its slice's
+keys and values (16 bytes per thread per row: a row is spread over D/8 lanes), then normalizes
+(optional per-head RMS norm) and rotates its query heads and the new key, scores the slice for
+every query head of the group (partial dot products meet through lane shuffles), takes the
+slice's softmax statistics and its unnormalized output. The new row is read from the kernel's
+inputs, never from the cache (no block reads a row another block writes); the block whose slice
+holds it stores it in the cache. The last block of a kv head to finish (a counter per kv head,
+reset by that block) merges the slices' partial outputs. Slices past the new row write nothing,
+so the grid depends on the capacity only, never on the length: one traced step serves every
+position. The new offset is an output of the launch too.
 
-The new row itself is read from the kernel's inputs, never from the cache, so no block reads a
-row another block of the same launch writes. The cache buffers are written in place: they must
-be owned by the cache alone (StaticKVCache holds them), and every reader of the cache runs on
-the same stream after this launch."""
+The cache buffers and the counters are written in place: they must be owned by the cache and
+the binding alone, and every reader runs on the same stream after this launch."""
 
 from __future__ import annotations
 
@@ -25,62 +28,51 @@ import mlx.core as mx
 from mlx_omnia.engine.core.kernels import cuda_kernel
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, flag
 
-KEYS_PER_BLOCK = 64
+MAX_SLICES = 1024  # slices one merge can take (its weights sit in shared memory)
 
 ATTENTION_HEADER = HEADER + r"""
 namespace omnia {
 
-// Queries and the new key arrive as raw projections: each block normalizes (optional per-head
-// RMS norm) and rotates its kv head's query heads and key itself (a few hundred values).
 template <typename T, int H, int HKV, int D, int KPB, bool QN, bool KN, bool TRAD>
-__device__ __forceinline__ void attention_split(
+__device__ __forceinline__ void attention_step(
     const T* q, const T* k_new, const T* v_new, const T* qw, const T* kw, const float* inv_freq,
-    const T* k_cache, const T* v_cache, const int* pos_p, float* part_o, float* part_ml,
-    float eps_q, float eps_k, float scale, int cap) {
+    const T* k_cache, const T* v_cache, const int* pos_p, const int* counters, float* part_o,
+    float* part_ml, T* out, int* next_pos, float eps_q, float eps_k, float scale, int cap) {
   constexpr int G = H / HKV;
-  constexpr int NT = 128;
-  constexpr int NW = NT / 32;
-  constexpr int CH = D / 8;  // 16-byte chunks of a row
-  static_assert(KPB <= NT, "one thread per key");
-  __shared__ float hs[G + 1][D];           // rotated query heads, then the rotated new key
-  __shared__ __align__(16) T vs[KPB][D];   // this slice's values
+  constexpr int NT = 128, NW = NT / 32;
+  constexpr int CH = D / 8;          // 16-byte chunks of a row: the lanes of one key
+  constexpr int SLOTS = NT / CH;     // keys the block holds at once
+  constexpr int ITER = KPB / SLOTS;  // keys per thread
+  constexpr int MAXS = @MAX_SLICES@;
+  constexpr int BUF = SLOTS * G * D > G * MAXS ? SLOTS * G * D : G * MAXS;
+  static_assert(KPB % SLOTS == 0 && (CH & (CH - 1)) == 0 && CH <= 32, "geometry");
+  __shared__ __align__(16) float hs[G + 1][D];  // rotated query heads, then the rotated new key
   __shared__ float p[G][KPB];
   __shared__ float stat[G][2];
-  const int kvh = blockIdx.x / (cap / KPB);
-  const int split = blockIdx.x % (cap / KPB);
+  __shared__ __align__(16) float buf[BUF];      // per-slot outputs, then the merge weights
+  __shared__ int last;
+  const int slices = cap / KPB;
+  const int kvh = blockIdx.x / slices, split = blockIdx.x % slices;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int slot = tid / CH, c = tid % CH;
   const int pos = pos_p[0];
   const int t0 = split * KPB;
-  const int n = min(KPB, pos + 1 - t0);  // keys of this slice (<= 0: empty)
+  const int n = min(KPB, pos + 1 - t0);  // keys of this slice (<= 0: nothing to do)
+  if (blockIdx.x == 0 && tid == 0) next_pos[0] = pos + 1;
+  if (n <= 0) return;
   T* kc = const_cast<T*>(k_cache) + (size_t)kvh * cap * D;
   T* vc = const_cast<T*>(v_cache) + (size_t)kvh * cap * D;
-  if (n <= 0) {
-    for (int i = tid; i < G * D; i += NT) part_o[((size_t)split * H + kvh * G) * D + i] = 0.f;
-    if (tid < G) {
-      part_ml[((size_t)split * H + kvh * G + tid) * 2] = -omnia_inf();
-      part_ml[((size_t)split * H + kvh * G + tid) * 2 + 1] = 0.f;
-    }
-    return;
-  }
-  // Values of the slice into shared memory, and this thread's key row into registers: every
-  // load is issued before the heads are prepared, so their latencies overlap.
-  constexpr int VLOADS = (KPB * CH + NT - 1) / NT;
+  // Every load of the slice first, so their latencies overlap each other and the head work.
+  uint4 kr[ITER], vr[ITER];
 #pragma unroll
-  for (int u = 0; u < VLOADS; ++u) {
-    const int i = tid + u * NT;
-    if (i < n * CH) {
-      const int r = i / CH, c = i % CH, t = t0 + r;
-      const uint4* src = reinterpret_cast<const uint4*>(t == pos ? v_new + kvh * D : vc + (size_t)t * D);
-      reinterpret_cast<uint4*>(&vs[r][0])[c] = src[c];
+  for (int u = 0; u < ITER; ++u) {
+    const int r = u * SLOTS + slot, t = t0 + r;
+    kr[u] = make_uint4(0u, 0u, 0u, 0u);
+    vr[u] = make_uint4(0u, 0u, 0u, 0u);
+    if (r < n) {
+      vr[u] = reinterpret_cast<const uint4*>(t == pos ? v_new + kvh * D : vc + (size_t)t * D)[c];
+      if (t != pos) kr[u] = reinterpret_cast<const uint4*>(kc + (size_t)t * D)[c];
     }
-  }
-  const int my_t = t0 + tid;
-  const bool my_key = tid < n && my_t != pos;
-  uint4 kv[CH];
-  if (my_key) {
-    const uint4* krow = reinterpret_cast<const uint4*>(kc + (size_t)my_t * D);
-#pragma unroll
-    for (int c = 0; c < CH; ++c) kv[c] = krow[c];
   }
   // Norm (optional) then rope of each query head of the group and of the new key: warp per head.
   for (int j = warp; j <= G; j += NW) {
@@ -100,7 +92,7 @@ __device__ __forceinline__ void attention_split(
     }
     __syncwarp();
     const float fpos = (float)pos;
-    float out[D / 32];
+    float rot[D / 32];
 #pragma unroll
     for (int e = 0; e < D / 32; ++e) {
       const int d = lane + 32 * e;
@@ -109,47 +101,53 @@ __device__ __forceinline__ void attention_split(
       sincosf(fpos * inv_freq[i], &sn, &cs);
       if constexpr (TRAD) {
         const float x1 = hs[j][d & ~1], x2 = hs[j][d | 1];
-        out[e] = (d & 1) ? x1 * sn + x2 * cs : x1 * cs - x2 * sn;
+        rot[e] = (d & 1) ? x1 * sn + x2 * cs : x1 * cs - x2 * sn;
       } else {
-        out[e] = d < D / 2 ? hs[j][d] * cs - hs[j][d + D / 2] * sn
+        rot[e] = d < D / 2 ? hs[j][d] * cs - hs[j][d + D / 2] * sn
                            : hs[j][d - D / 2] * sn + hs[j][d] * cs;
       }
     }
     __syncwarp();
 #pragma unroll
-    for (int e = 0; e < D / 32; ++e) hs[j][lane + 32 * e] = rnd<T>(out[e]);
+    for (int e = 0; e < D / 32; ++e) hs[j][lane + 32 * e] = rnd<T>(rot[e]);
   }
   __syncthreads();
-  if (split == 0) {
+  if (pos < t0 + KPB) {
     for (int d = tid; d < D; d += NT) {
       kc[(size_t)pos * D + d] = from_f<T>(hs[G][d]);
       vc[(size_t)pos * D + d] = v_new[kvh * D + d];
     }
   }
-  // Scores: one thread per key.
-  if (tid < n) {
-    float acc[G];
+  // Scores: the CH lanes of a key each take 8 dimensions; their sums meet through shuffles.
 #pragma unroll
-    for (int g = 0; g < G; ++g) acc[g] = 0.f;
-    if (!my_key) {
-      for (int d = 0; d < D; ++d) {
+  for (int u = 0; u < ITER; ++u) {
+    const int r = u * SLOTS + slot;
+    float kf[8];
+    if (t0 + r == pos) {
 #pragma unroll
-        for (int g = 0; g < G; ++g) acc[g] = fmaf(hs[g][d], hs[G][d], acc[g]);
-      }
+      for (int e = 0; e < 8; ++e) kf[e] = hs[G][c * 8 + e];
     } else {
+      unpack8<T>(kr[u], kf);
+    }
+    float sc[G];
 #pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        float kf[8];
-        unpack8<T>(kv[c], kf);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g] = fmaf(hs[g][c * 8 + e], kf[e], acc[g]);
-        }
-      }
+    for (int g = 0; g < G; ++g) {
+      const float4 qa = *reinterpret_cast<const float4*>(&hs[g][c * 8]);
+      const float4 qb = *reinterpret_cast<const float4*>(&hs[g][c * 8 + 4]);
+      float a = qa.x * kf[0];
+      a = fmaf(qa.y, kf[1], a); a = fmaf(qa.z, kf[2], a); a = fmaf(qa.w, kf[3], a);
+      a = fmaf(qb.x, kf[4], a); a = fmaf(qb.y, kf[5], a); a = fmaf(qb.z, kf[6], a);
+      sc[g] = fmaf(qb.w, kf[7], a);
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) p[g][tid] = acc[g] * scale;
+    for (int o = CH / 2; o > 0; o >>= 1) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) sc[g] += __shfl_xor_sync(0xFFFFFFFFu, sc[g], o);
+    }
+    if (c == 0 && r < n) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) p[g][r] = sc[g] * scale;
+    }
   }
   __syncthreads();
   for (int g = warp; g < G; g += NW) {
@@ -166,44 +164,118 @@ __device__ __forceinline__ void attention_split(
     if (lane == 0) { stat[g][0] = m; stat[g][1] = l; }
   }
   __syncthreads();
-  for (int d = tid; d < D; d += NT) {
-    float o[G];
+  // Values: each thread accumulates its 8 dimensions over its keys; the slots meet in `buf`.
+  {
+    float o[G][8];
 #pragma unroll
-    for (int g = 0; g < G; ++g) o[g] = 0.f;
-    for (int i = 0; i < n; ++i) {
-      const float v = to_f<T>(vs[i][d]);
+    for (int g = 0; g < G; ++g) {
 #pragma unroll
-      for (int g = 0; g < G; ++g) o[g] = fmaf(p[g][i], v, o[g]);
+      for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) part_o[((size_t)split * H + kvh * G + g) * D + d] = o[g];
+    for (int u = 0; u < ITER; ++u) {
+      const int r = u * SLOTS + slot;
+      if (r < n) {
+        float vf[8];
+        unpack8<T>(vr[u], vf);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float pg = p[g][r];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pg, vf[e], o[g][e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float4* dst = reinterpret_cast<float4*>(&buf[(slot * G + g) * D + c * 8]);
+      dst[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
+      dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += NT) {
+    float acc = 0.f;
+#pragma unroll
+    for (int sl = 0; sl < SLOTS; ++sl) acc += buf[sl * G * D + i];
+    part_o[((size_t)split * H + kvh * G) * D + i] = acc;
   }
   if (tid < G) {
     part_ml[((size_t)split * H + kvh * G + tid) * 2] = stat[tid][0];
     part_ml[((size_t)split * H + kvh * G + tid) * 2 + 1] = stat[tid][1];
   }
-}
-
-template <typename T, int H, int D>
-__device__ __forceinline__ void attention_combine(const float* part_o, const float* part_ml, T* out,
-                                                  int splits) {
-  const int h = blockIdx.x, d = threadIdx.x;
-  float m = -omnia_inf();
-#pragma unroll 8
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[((size_t)s * H + h) * 2]);
-  float l = 0.f, o = 0.f;
-#pragma unroll 8
-  for (int s = 0; s < splits; ++s) {
-    const float ms = part_ml[((size_t)s * H + h) * 2];
-    const float w = ms == -omnia_inf() ? 0.f : __expf(ms - m);
-    l = fmaf(part_ml[((size_t)s * H + h) * 2 + 1], w, l);
-    o = fmaf(part_o[((size_t)s * H + h) * D + d], w, o);
+  // The last block of this kv head to get here merges every slice.
+  const int active = (pos + KPB) / KPB;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int* counter = const_cast<int*>(counters) + kvh;
+    const int done = atomicAdd(counter, 1);
+    last = done == active - 1;
+    if (last) *counter = 0;  // every block of the launch has counted: ready for the next one
   }
-  out[h * D + d] = from_f<T>(o / l);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = tid; i < G * active; i += NT) {
+    const int g = i / active, sp = i % active;
+    buf[i] = __ldcg(&part_ml[((size_t)sp * H + kvh * G + g) * 2]);
+  }
+  __syncthreads();
+  for (int g = warp; g < G; g += NW) {
+    float m = -omnia_inf();
+    for (int sp = lane; sp < active; sp += 32) m = fmaxf(m, buf[g * active + sp]);
+    m = warp_max(m);
+    float l = 0.f;
+    for (int sp = lane; sp < active; sp += 32) {
+      const float w = __expf(buf[g * active + sp] - m);
+      l = fmaf(__ldcg(&part_ml[((size_t)sp * H + kvh * G + g) * 2 + 1]), w, l);
+      buf[g * active + sp] = w;
+    }
+    l = warp_sum(l);
+    if (lane == 0) stat[g][1] = l;
+  }
+  __syncthreads();
+  // Each thread owns 4 neighbouring outputs and reads their partials 8 slices at a time, so
+  // 8 independent 16-byte loads are in flight per thread (the merge is latency bound).
+  constexpr size_t STRIDE4 = (size_t)H * D / 4;
+  const float4* po4 = reinterpret_cast<const float4*>(part_o + (size_t)kvh * G * D);
+  for (int i4 = tid; i4 < G * D / 4; i4 += NT) {
+    const int g = i4 / (D / 4);
+    const float* wg = buf + g * active;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    int sp = 0;
+    for (; sp + 8 <= active; sp += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = __ldcg(po4 + (size_t)(sp + u) * STRIDE4 + i4);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float w = wg[sp + u];
+        acc.x = fmaf(v[u].x, w, acc.x); acc.y = fmaf(v[u].y, w, acc.y);
+        acc.z = fmaf(v[u].z, w, acc.z); acc.w = fmaf(v[u].w, w, acc.w);
+      }
+    }
+    for (; sp < active; ++sp) {
+      const float4 v = __ldcg(po4 + (size_t)sp * STRIDE4 + i4);
+      const float w = wg[sp];
+      acc.x = fmaf(v.x, w, acc.x); acc.y = fmaf(v.y, w, acc.y);
+      acc.z = fmaf(v.z, w, acc.z); acc.w = fmaf(v.w, w, acc.w);
+    }
+    const float l = stat[g][1];
+    T* o = out + kvh * G * D + i4 * 4;
+    o[0] = from_f<T>(acc.x / l); o[1] = from_f<T>(acc.y / l);
+    o[2] = from_f<T>(acc.z / l); o[3] = from_f<T>(acc.w / l);
+  }
 }
 
 }  // namespace omnia
-"""
+""".replace("@MAX_SLICES@", str(MAX_SLICES))
+
+
+def keys_per_block(capacity: int) -> int:
+    """Rows per slice: 32 up to 2048 rows of capacity, then 64."""
+    return 32 if capacity <= 2048 else 64
 
 
 @dataclass(frozen=True)
@@ -212,21 +284,26 @@ class AttentionStepSpec:
     n_heads: int
     n_kv_heads: int
     head_dim: int
-    capacity: int            # cache rows (a multiple of KEYS_PER_BLOCK); not baked in the source
+    capacity: int            # cache rows; only the slice size it implies is baked in the source
     scale: float
     q_eps: float | None = None  # per-head RMS norm of the queries (weight input `qw`)
     k_eps: float | None = None
     traditional: bool = False   # rope pairs (2i, 2i+1) instead of (i, i + D/2)
 
     @property
-    def splits(self) -> int:
-        return self.capacity // KEYS_PER_BLOCK
+    def keys_per_block(self) -> int:
+        return keys_per_block(self.capacity)
+
+    @property
+    def slices(self) -> int:
+        return self.capacity // self.keys_per_block
 
     def tag(self) -> str:
         consts = hashlib.sha1(repr((self.scale, self.q_eps, self.k_eps)).encode()).hexdigest()[:8]
         return (
             f"{str(self.dtype).split('.')[-1]}_h{self.n_heads}_kv{self.n_kv_heads}"
-            f"_d{self.head_dim}{'_trad' if self.traditional else ''}_{consts}"
+            f"_d{self.head_dim}_s{self.keys_per_block}{'_trad' if self.traditional else ''}"
+            f"_{consts}"
         )
 
     def input_names(self) -> tuple[str, ...]:
@@ -235,55 +312,50 @@ class AttentionStepSpec:
             names.append("qw")
         if self.k_eps is not None:
             names.append("kw")
-        return (*names, "inv_freq", "k_cache", "v_cache", "pos")
+        return (*names, "inv_freq", "k_cache", "v_cache", "pos", "counters")
 
 
 @cache
-def launcher(spec: AttentionStepSpec, lead: tuple[int, ...]) -> Callable[[list[mx.array]], mx.array]:
+def launcher(
+    spec: AttentionStepSpec, lead: tuple[int, ...]
+) -> Callable[[list[mx.array]], tuple[mx.array, mx.array]]:
+    """The launch for `spec`: inputs as `input_names` -> (attention output, next offset)."""
     t = CUDA_TYPES[spec.dtype]
     h, d = spec.n_heads, spec.head_dim
     qn, kn = spec.q_eps is not None, spec.k_eps is not None
-    split = cuda_kernel(
-        f"omnia_attention_split_{spec.tag()}", spec.input_names(), ("part_o", "part_ml"),
-        f"omnia::attention_split<{t}, {h}, {spec.n_kv_heads}, {d}, "
-        f"{KEYS_PER_BLOCK}, {flag(qn)}, {flag(kn)}, {flag(spec.traditional)}>(q, k_new, v_new, "
+    kernel = cuda_kernel(
+        f"omnia_attention_step_{spec.tag()}", spec.input_names(),
+        ("part_o", "part_ml", "out", "next_pos"),
+        f"omnia::attention_step<{t}, {h}, {spec.n_kv_heads}, {d}, {spec.keys_per_block}, "
+        f"{flag(qn)}, {flag(kn)}, {flag(spec.traditional)}>(q, k_new, v_new, "
         f"{'qw' if qn else 'nullptr'}, {'kw' if kn else 'nullptr'}, inv_freq, k_cache, v_cache, "
-        f"pos, part_o, part_ml, {float(spec.q_eps or 0.0)!r}f, {float(spec.k_eps or 0.0)!r}f, "
-        f"{float(spec.scale)!r}f, k_cache_shape[2]);\n",
+        f"pos, counters, part_o, part_ml, out, next_pos, {float(spec.q_eps or 0.0)!r}f, "
+        f"{float(spec.k_eps or 0.0)!r}f, {float(spec.scale)!r}f, k_cache_shape[2]);\n",
         ATTENTION_HEADER,
     )
-    combine = cuda_kernel(
-        f"omnia_attention_combine_{spec.tag()}", ("part_o", "part_ml"), ("out",),
-        f"omnia::attention_combine<{t}, {h}, {d}>(part_o, part_ml, out, part_ml_shape[0]);\n",
-        ATTENTION_HEADER,
-    )
-    part_shapes = [(spec.splits, h, d), (spec.splits, h, 2)]
-    part_types = [mx.float32, mx.float32]
-    split_grid = (spec.n_kv_heads * spec.splits * 128, 1, 1)
-    out_shape = [(*lead, h * d)]
+    shapes = [(spec.slices, h, d), (spec.slices, h, 2), (*lead, h * d), (1,)]
+    dtypes = [mx.float32, mx.float32, spec.dtype, mx.int32]
+    grid = (spec.n_kv_heads * spec.slices * 128, 1, 1)
 
-    def call(inputs: list[mx.array]) -> mx.array:
-        parts: Any = split(
-            inputs=inputs, output_shapes=part_shapes, output_dtypes=part_types, grid=split_grid,
+    def call(inputs: list[mx.array]) -> tuple[mx.array, mx.array]:
+        outs: Any = kernel(
+            inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
             threadgroup=(128, 1, 1),
         )
-        out: Any = combine(
-            inputs=[parts[0], parts[1]], output_shapes=out_shape, output_dtypes=[spec.dtype],
-            grid=(h * d, 1, 1), threadgroup=(d, 1, 1),
-        )
-        return out[0]
+        return outs[2], outs[3].reshape(())
 
     return call
 
 
 def spec_fits(spec: AttentionStepSpec) -> bool:
-    """Geometry this kernel computes: head_dim a multiple of 32 up to 128 (one block of 128
-    threads covers a row), at most 16 query heads per kv head, a capacity in whole slices."""
+    """Geometry this kernel computes: head_dim 32, 64 or 128 (a row is a power of two of 16-byte
+    lane chunks), at most 8 query heads per kv head (shared memory), a capacity in whole slices
+    and at most MAX_SLICES of them."""
     return (
         spec.dtype in CUDA_TYPES
-        and spec.head_dim % 32 == 0
-        and spec.head_dim <= 128
+        and spec.head_dim in (32, 64, 128)
         and spec.n_heads % spec.n_kv_heads == 0
-        and spec.n_heads // spec.n_kv_heads <= 16
-        and spec.capacity % KEYS_PER_BLOCK == 0
+        and spec.n_heads // spec.n_kv_heads <= 8
+        and spec.capacity % spec.keys_per_block == 0
+        and spec.slices <= MAX_SLICES
     )

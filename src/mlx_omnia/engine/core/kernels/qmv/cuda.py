@@ -33,10 +33,28 @@ struct QmvRow {
   static constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;  // values per 16-byte chunk
   static constexpr int CHUNKS = K / VPC;                   // chunks per row
 
-  // Partial dot product of chunk c of `row` with xf (the chunk's inputs; sx their sum).
-  static __device__ __forceinline__ float dot(const void* w, const T* s, const T* b, int row,
-                                              int c, const float* xf, float sx) {
-    const uint4 wv = __ldg(reinterpret_cast<const uint4*>(w) + (size_t)row * CHUNKS + c);
+  // One chunk's weights (and its group's scale and bias), raw: converted where they are used,
+  // so a load issued early does not stall until then.
+  struct Load {
+    uint4 w;
+    T s, b;
+  };
+
+  static __device__ __forceinline__ Load load(const void* w, const T* s, const T* b, int row,
+                                              int c) {
+    Load l;
+    l.w = __ldg(reinterpret_cast<const uint4*>(w) + (size_t)row * CHUNKS + c);
+    if constexpr (BITS != 0) {
+      const size_t gi = (size_t)row * (K / GROUP) + (c * VPC) / GROUP;
+      l.s = s[gi];
+      l.b = b[gi];
+    }
+    return l;
+  }
+
+  // Partial dot product of a chunk with xf (the chunk's inputs; sx their sum).
+  static __device__ __forceinline__ float dot(const Load& l, const float* xf, float sx) {
+    const uint4 wv = l.w;
     if constexpr (BITS == 0) {
       float wf[8];
       unpack8<T>(wv, wf);
@@ -77,11 +95,15 @@ struct QmvRow {
         }
       }
       const float d = (part[0] + part[1]) + (part[2] + part[3]);
-      const size_t gi = (size_t)row * (K / GROUP) + (c * VPC) / GROUP;
-      return fmaf(to_f<T>(s[gi]), d, to_f<T>(b[gi]) * sx);
+      return fmaf(to_f<T>(l.s), d, to_f<T>(l.b) * sx);
     }
   }
 };
+
+// Prescale of the value at position j of a chunk for the 4-bit nibble trick (see dot).
+__device__ __forceinline__ float prescale4(int j) {
+  return j % 4 == 0 ? 1.f : j % 4 == 1 ? 0.0625f : j % 4 == 2 ? 0.00390625f : 0.000244140625f;
+}
 
 // silu(g) = g * sigmoid(g), each op rounded to T by the caller's rnd.
 template <typename T> __device__ __forceinline__ float silu_r(float g) {
@@ -100,24 +122,63 @@ template <typename T> __device__ __forceinline__ float gelu_tanh_r(float g) {
 
 // ACT: 0 rows of up to three segments concatenated; 1 silu-gated, 2 gelu_tanh-gated (segment 0
 // the gate, segment 1 the up projection, N0 == N1 rows out).
-template <typename T, int BITS, int GROUP, int K, int N0, int N1, int N2, int R, int NWARPS,
-          bool NORM, int ACT, bool RESID>
+template <typename T, int BITS, int GROUP, int K, int N0, int N1, int N2, int R, int LPR,
+          int NWARPS, int UNROLL, bool NORM, int ACT, bool RESID>
 __device__ __forceinline__ void qmv(
     const T* x, const void* w0, const T* s0, const T* b0, const void* w1, const T* s1,
     const T* b1, const void* w2, const T* s2, const T* b2, const T* g, const T* res, T* y0, T* y1, T* y2,
     float eps) {
   using Row = QmvRow<T, BITS, GROUP, K>;
-  constexpr int VPC = Row::VPC;
+  constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int XCH = K / 8;  // 16-byte chunks of the input
   constexpr int ROWS = ACT == 0 ? N0 + N1 + N2 : N0;
-  __shared__ __align__(16) T xs[K];
+  constexpr int NT = NWARPS * 32;
+  // Quantized weights take the input as floats in shared memory, already prescaled, laid out
+  // [VPC / 4][CHUNKS] float4 (a warp's lanes read neighbouring chunks: no bank conflicts), with
+  // each chunk's sum; dense weights (and inputs too wide for that) take it in T.
+  constexpr bool XF = BITS != 0 && K <= 10240;
+  __shared__ __align__(16) float xq[XF ? K : 4];
+  __shared__ float xsum[XF ? CHUNKS : 1];
+  __shared__ __align__(16) T xs[XF ? 8 : K];
   __shared__ float red[NWARPS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  // This lane's rows. Each warp holds 32 / LPR groups of LPR lanes; a group computes R whole
+  // rows, its lanes striding the rows' 16-byte chunks. Rows of one group lie in one segment
+  // (every segment is a multiple of R rows).
+  constexpr int GPW = 32 / LPR;
+  const int grp = lane / LPR, sl = lane % LPR;
+  int row0 = ((blockIdx.x * NWARPS + warp) * GPW + grp) * R;
+  const bool valid = row0 < ROWS;
+  if (!valid) row0 = 0;  // computes row 0 again (the shuffles need every lane), writes nothing
+  const void* w = w0; const T* s = s0; const T* b = b0;
+  T* y = y0;
+  int local = row0;
+  if constexpr (ACT == 0) {
+    if (row0 >= N0 + N1) { w = w2; s = s2; b = b2; y = y2; local = row0 - N0 - N1; }
+    else if (row0 >= N0) { w = w1; s = s1; b = b1; y = y1; local = row0 - N0; }
+  }
+  // The first chunks' weights are requested before the input is prepared: their latency
+  // overlaps the preparation's.
+  constexpr int PER_LANE = (CHUNKS + LPR - 1) / LPR;
+  constexpr int PF0 = R == 1 ? 2 : 1;
+  constexpr int PF = PF0 < PER_LANE ? PF0 : PER_LANE;
+  typename Row::Load pre[PF][R], pre2[PF][R];
+#pragma unroll
+  for (int f = 0; f < PF; ++f) {
+    const int c = min(sl + f * LPR, CHUNKS - 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      pre[f][r] = Row::load(w, s, b, local + r, c);
+      if constexpr (ACT != 0) pre2[f][r] = Row::load(w1, s1, b1, local + r, c);
+    }
+  }
+
   const uint4* x4 = reinterpret_cast<const uint4*>(x);
-  uint4* xs4 = reinterpret_cast<uint4*>(xs);
+  float inv = 1.f;
   if constexpr (NORM) {
     float ss = 0.f;
-    for (int i = tid; i < XCH; i += NWARPS * 32) {
+    for (int i = tid; i < XCH; i += NT) {
       float f[8];
       unpack8<T>(x4[i], f);
 #pragma unroll
@@ -129,59 +190,121 @@ __device__ __forceinline__ void qmv(
     float total = 0.f;
 #pragma unroll
     for (int i = 0; i < NWARPS; ++i) total += red[i];
-    const float inv = rsqrtf(total / K + eps);
-    const uint4* g4 = reinterpret_cast<const uint4*>(g);
-    for (int i = tid; i < XCH; i += NWARPS * 32) {
-      float f[8], gf[8];
-      unpack8<T>(x4[i], f);
-      unpack8<T>(g4[i], gf);
+    inv = rsqrtf(total / K + eps);
+  }
+  const uint4* g4 = reinterpret_cast<const uint4*>(g);
+  if constexpr (XF) {
+    constexpr int PARTS = VPC / 8;  // 8-value pieces of a chunk (consecutive lanes)
+    for (int base = 0; base < XCH; base += NT) {
+      const int i = base + tid;
+      float f[8];
+      float sum = 0.f;
+      if (i < XCH) {
+        unpack8<T>(x4[i], f);
+        if constexpr (NORM) {
+          float gf[8];
+          unpack8<T>(g4[i], gf);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = gf[j] * rnd<T>(f[j] * inv);
-      xs4[i] = pack8<T>(f);
+          for (int j = 0; j < 8; ++j) f[j] = rnd<T>(gf[j] * rnd<T>(f[j] * inv));
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum += f[j];
+        const int c = i / PARTS, q0 = (i % PARTS) * 2;
+        float4* dst = reinterpret_cast<float4*>(xq);
+        if constexpr (BITS == 4) {
+          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1] * prescale4(1), f[2] * prescale4(2),
+                                             f[3] * prescale4(3));
+          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5] * prescale4(1),
+                                                   f[6] * prescale4(2), f[7] * prescale4(3));
+        } else {
+          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1], f[2], f[3]);
+          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+      }
+#pragma unroll
+      for (int o = 1; o < PARTS; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      if (i < XCH && i % PARTS == 0) xsum[i / PARTS] = sum;
     }
   } else {
-    for (int i = tid; i < XCH; i += NWARPS * 32) xs4[i] = x4[i];
+    uint4* xs4 = reinterpret_cast<uint4*>(xs);
+    for (int i = tid; i < XCH; i += NT) {
+      if constexpr (NORM) {
+        float f[8], gf[8];
+        unpack8<T>(x4[i], f);
+        unpack8<T>(g4[i], gf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = gf[j] * rnd<T>(f[j] * inv);
+        xs4[i] = pack8<T>(f);
+      } else {
+        xs4[i] = x4[i];
+      }
+    }
   }
   __syncthreads();
+  if ((blockIdx.x * NWARPS + warp) * GPW * R >= ROWS) return;  // the whole warp is past the end
 
-  const int row0 = (blockIdx.x * NWARPS + warp) * R;
-  if (row0 >= ROWS) return;
-  const void* w = w0; const T* s = s0; const T* b = b0;
-  T* y = y0;
-  int local = row0;
-  if constexpr (ACT == 0) {
-    if (row0 >= N0 + N1) { w = w2; s = s2; b = b2; y = y2; local = row0 - N0 - N1; }
-    else if (row0 >= N0) { w = w1; s = s1; b = b1; y = y1; local = row0 - N0; }
-  }
+  // The inputs of chunk c (and their sum, for quantized weights).
+  auto inputs = [&](int c, float* xf) -> float {
+    float sx = 0.f;
+    if constexpr (XF) {
+      const float4* src = reinterpret_cast<const float4*>(xq);
+#pragma unroll
+      for (int q = 0; q < VPC / 4; ++q) {
+        const float4 v = src[q * CHUNKS + c];
+        xf[4 * q] = v.x; xf[4 * q + 1] = v.y; xf[4 * q + 2] = v.z; xf[4 * q + 3] = v.w;
+      }
+      sx = xsum[c];
+    } else {
+      const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
+#pragma unroll
+      for (int q = 0; q < VPC / 8; ++q) unpack8<T>(xs4[c * (VPC / 8) + q], xf + 8 * q);
+      if constexpr (BITS != 0) {
+#pragma unroll
+        for (int j = 0; j < VPC; ++j) sx += xf[j];
+      }
+      if constexpr (BITS == 4) {
+#pragma unroll
+        for (int j = 0; j < VPC; ++j) xf[j] *= prescale4(j);
+      }
+    }
+    return sx;
+  };
+
   float acc[R], acc2[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) { acc[r] = 0.f; acc2[r] = 0.f; }
-#pragma unroll 2
-  for (int c = lane; c < Row::CHUNKS; c += 32) {
+#pragma unroll
+  for (int f = 0; f < PF; ++f) {
+    const int c = sl + f * LPR;
+    if (c < CHUNKS) {
+      float xf[VPC];
+      const float sx = inputs(c, xf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        acc[r] += Row::dot(pre[f][r], xf, sx);
+        if constexpr (ACT != 0) acc2[r] += Row::dot(pre2[f][r], xf, sx);
+      }
+    }
+  }
+#pragma unroll UNROLL
+  for (int c = sl + PF * LPR; c < CHUNKS; c += LPR) {
     float xf[VPC];
-#pragma unroll
-    for (int q = 0; q < VPC / 8; ++q) unpack8<T>(xs4[c * (VPC / 8) + q], xf + 8 * q);
-    float sx = 0.f;
-    if constexpr (BITS != 0) {
-#pragma unroll
-      for (int j = 0; j < VPC; ++j) sx += xf[j];
-    }
-    if constexpr (BITS == 4) {
-#pragma unroll
-      for (int j = 0; j < VPC; ++j) xf[j] *= (j % 4 == 0 ? 1.f : j % 4 == 1 ? 0.0625f : j % 4 == 2 ? 0.00390625f : 0.000244140625f);
-    }
+    const float sx = inputs(c, xf);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      acc[r] += Row::dot(w, s, b, local + r, c, xf, sx);
-      if constexpr (ACT != 0) acc2[r] += Row::dot(w1, s1, b1, local + r, c, xf, sx);
+      acc[r] += Row::dot(Row::load(w, s, b, local + r, c), xf, sx);
+      if constexpr (ACT != 0) acc2[r] += Row::dot(Row::load(w1, s1, b1, local + r, c), xf, sx);
     }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    float v = warp_sum(acc[r]);
-    float u = 0.f;
-    if constexpr (ACT != 0) u = warp_sum(acc2[r]);
-    if (lane == 0) {
+    float v = acc[r], u = acc2[r];
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) {
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+      if constexpr (ACT != 0) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
+    }
+    if (sl == 0 && valid) {
       v = rnd<T>(v);
       if constexpr (ACT == 1) v = rnd<T>(silu_r<T>(v) * rnd<T>(u));
       if constexpr (ACT == 2) v = rnd<T>(gelu_tanh_r<T>(v) * rnd<T>(u));
@@ -196,6 +319,28 @@ __device__ __forceinline__ void qmv(
 
 
 @dataclass(frozen=True)
+class Launch:
+    """How the rows are spread over the GPU: LPR lanes per row group, R rows per group, warps per
+    block, and the unroll of the chunk loop. Any value computes the same sums in the same order
+    per lane (only the lane count changes the split of a row); the default follows the shape."""
+
+    lanes: int = 32
+    rows: int = 1
+    warps: int = 8
+    unroll: int = 2
+
+
+# Launches the H200 sweep (scripts/h200_qmv_sweep.py) measures; tests/test_kernels_cuda.py checks
+# every one against the core.
+CANDIDATES: tuple[Launch, ...] = (
+    Launch(32, 1, 4, 2), Launch(32, 2, 4, 2), Launch(32, 4, 8, 2), Launch(32, 1, 8, 2),
+    Launch(32, 2, 8, 2), Launch(16, 1, 4, 2), Launch(16, 2, 4, 2), Launch(16, 1, 4, 4),
+    Launch(16, 1, 8, 2), Launch(8, 1, 4, 2), Launch(8, 2, 4, 2), Launch(8, 1, 4, 4),
+    Launch(4, 1, 4, 2),
+)
+
+
+@dataclass(frozen=True)
 class QmvSpec:
     """Everything baked into one kernel: formats, geometry, fusions."""
 
@@ -207,6 +352,7 @@ class QmvSpec:
     norm_eps: float | None = None  # RMS-normalize the input first (weight input `g`)
     gate: Gate | None = None
     residual: bool = False
+    launch: Launch | None = None   # None: the default for the shape (`config`)
 
     @property
     def out_rows(self) -> int:
@@ -217,12 +363,17 @@ class QmvSpec:
         return ("y0",) if self.gate is not None else tuple(f"y{i}" for i in range(len(self.rows)))
 
     @property
-    def rows_per_warp(self) -> int:
-        for r in ((2, 1) if self.bits is not None else (4, 2, 1)):
-            # Enough blocks to cover the H200's 132 multiprocessors twice over.
-            if all(n % r == 0 for n in self.rows) and self.out_rows // (r * WARPS) >= 264:
-                return r
-        return 1
+    def config(self) -> Launch:
+        """The launch for this shape, from the H200 sweep (docs/kernels.md): a row gets the most
+        lanes that still leave each lane 4 chunks (8 for vocabulary-sized outputs, whose grid is
+        large anyway), so short quantized rows are split less and more rows run per block."""
+        if self.launch is not None:
+            return self.launch
+        chunks = self.k // (8 if self.bits is None else 128 // self.bits)
+        huge = self.out_rows >= 32768
+        lanes = next((n for n in (32, 16) if chunks >= (8 if huge else 4) * n), 8)
+        rows = 2 if huge and all(n % 2 == 0 for n in self.rows) else 1
+        return Launch(lanes=lanes, rows=rows, warps=WARPS if lanes >= 16 else 4, unroll=2)
 
     def input_names(self) -> tuple[str, ...]:
         names = ["x"]
@@ -240,7 +391,8 @@ class QmvSpec:
         fmt = "dense" if self.bits is None else f"q{self.bits}g{self.group_size}"
         parts = [
             "omnia_qmv", str(self.dtype).split(".")[-1], fmt, f"k{self.k}",
-            "n" + "_".join(map(str, self.rows)), f"r{self.rows_per_warp}",
+            "n" + "_".join(map(str, self.rows)),
+            f"l{self.config.lanes}r{self.config.rows}w{self.config.warps}u{self.config.unroll}",
         ]
         if self.norm_eps is not None:
             parts.append("norm" + hashlib.sha1(repr(self.norm_eps).encode()).hexdigest()[:8])
@@ -263,9 +415,11 @@ class QmvSpec:
         bits = self.bits or 0
         group = self.group_size or 1
         eps = repr(float(self.norm_eps)) + "f" if self.norm_eps is not None else "0.f"
+        cfg = self.config
         return (
             f"omnia::qmv<{t}, {bits}, {group}, {self.k}, {n[0]}, {n[1]}, {n[2]}, "
-            f"{self.rows_per_warp}, {WARPS}, {flag(self.norm_eps is not None)}, {act}, "
+            f"{cfg.rows}, {cfg.lanes}, {cfg.warps}, {cfg.unroll}, "
+            f"{flag(self.norm_eps is not None)}, {act}, "
             f"{flag(self.residual)}>(\n"
             f"    x, {arg('w0')}, {arg('s0')}, {arg('b0')}, {arg('w1')}, {arg('s1')}, "
             f"{arg('b1')}, {arg('w2')}, {arg('s2')}, {arg('b2')}, {arg('g')}, {arg('res')}, "
@@ -279,12 +433,13 @@ def launcher(spec: QmvSpec, lead: tuple[int, ...]) -> Callable[[Sequence[mx.arra
     """The kernel call for `spec`, with everything but the inputs worked out once (a decode step
     calls it hundreds of times per token)."""
     kernel = cuda_kernel(spec.name(), spec.input_names(), spec.outputs, spec.source(), QMV_HEADER)
-    warps = spec.out_rows // spec.rows_per_warp
-    blocks = (warps + WARPS - 1) // WARPS
+    cfg = spec.config
+    rows_per_block = (32 // cfg.lanes) * cfg.rows * cfg.warps
+    blocks = (spec.out_rows + rows_per_block - 1) // rows_per_block
     rows = (spec.rows[0],) if spec.gate is not None else spec.rows
     shapes = [(*lead, n) for n in rows]
     dtypes = [spec.dtype] * len(rows)
-    grid, threads = (blocks * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
+    grid, threads = (blocks * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
 
     def call(inputs: Sequence[mx.array]) -> list[mx.array]:
         out: Any = kernel(
@@ -305,6 +460,11 @@ def spec_fits(spec: QmvSpec) -> bool:
     if spec.gate is not None and (len(spec.rows) != 2 or spec.rows[0] != spec.rows[1]):
         return False
     if spec.residual and (len(spec.rows) != 1 or spec.gate is not None):
+        return False
+    cfg = spec.config
+    if cfg.lanes not in (4, 8, 16, 32) or not 1 <= cfg.warps <= 32 or cfg.unroll < 1:
+        return False
+    if any(n % cfg.rows for n in spec.rows):
         return False
     if spec.bits is None:
         return spec.group_size is None

@@ -1,0 +1,98 @@
+"""Decode attention per layer, in a compiled 36-layer step (as decode runs it): the bound kernel,
+the previous kernel (scripts/_attention_v1.py, when present) and the core path.
+
+    python3 scripts/h200_attention_bench.py [VARIANT,... [LENGTH,...]]"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import mlx.core as mx
+
+from mlx_omnia.engine.core.cache import StaticKVCache
+from mlx_omnia.engine.core.kernels.attention_step import attention_build, inverse_frequencies
+from mlx_omnia.engine.core.layers import AttentionStep, RmsNorm, Rope
+
+LAYERS, H, HKV, D = 36, 32, 8, 128
+
+
+def norm() -> RmsNorm:
+    n = RmsNorm(D, 1e-6)
+    n.weight = (1 + 0.1 * mx.random.normal((D,))).astype(mx.bfloat16)
+    return n
+
+
+def caches(length: int) -> list[StaticKVCache]:
+    cap = ((length + 300 + 255) // 256) * 256
+    out = []
+    for _ in range(LAYERS):
+        k = mx.random.normal((1, HKV, cap, D)).astype(mx.bfloat16)
+        v = mx.random.normal((1, HKV, cap, D)).astype(mx.bfloat16)
+        out.append(StaticKVCache(k, v, length))
+    mx.eval([c.arrays() for c in out])
+    return out
+
+
+def old_project(decl: AttentionStep):
+    import scripts._attention_v1 as v1
+
+    inv = inverse_frequencies(decl)
+
+    def project(q, k, v, cache):
+        spec = v1.AttentionStepSpec(mx.bfloat16, H, HKV, D, cache.capacity, decl.scale, 1e-6, 1e-6)
+        run = v1.launcher(spec, (1, 1))
+        pos = cache.state["offset"]
+        out = run([q, k, v, decl.q_norm.weight, decl.k_norm.weight, inv, cache.state["keys"],
+                   cache.state["values"], pos])
+        cache.advance(pos)
+        return out
+
+    return project
+
+
+def measure(name: str, project, length: int) -> None:
+    cs = caches(length)
+    state = [c.state for c in cs]
+
+    def step(q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+        acc = q
+        for c in cs:
+            acc = project(acc, k, v, c)
+        return acc
+
+    f = mx.compile(step, inputs=state, outputs=state)
+    q = mx.random.normal((1, 1, H * D)).astype(mx.bfloat16)
+    k = mx.random.normal((1, 1, HKV * D)).astype(mx.bfloat16)
+    v = mx.random.normal((1, 1, HKV * D)).astype(mx.bfloat16)
+    for _ in range(10):
+        mx.eval(f(q, k, v))
+    n = 100
+    t = time.perf_counter()
+    for _ in range(n):
+        out = f(q, k, v)
+        mx.async_eval(out)
+    mx.eval(out)
+    dt = (time.perf_counter() - t) / n / LAYERS * 1e6
+    print(f"  {name:8s} L={length:5d}: {dt:6.2f} us per layer", flush=True)
+
+
+def main() -> None:
+    decl = AttentionStep(n_heads=H, n_kv_heads=HKV, head_dim=D, q_norm=norm(), k_norm=norm(),
+                         rope=Rope(D, base=1e6))
+    variants = {"kernel": attention_build(decl), "core": decl.reference_project()}
+    try:
+        variants["v1"] = old_project(decl)
+    except ImportError:
+        pass
+    names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(variants)
+    lengths = [int(n) for n in sys.argv[2].split(",")] if len(sys.argv) > 2 else [512, 2000, 4000]
+    for length in lengths:
+        for name, project in variants.items():
+            if name not in names:
+                continue
+            measure(name, project, length)
+
+
+if __name__ == "__main__":
+    main()

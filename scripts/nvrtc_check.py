@@ -1,0 +1,154 @@
+"""Compile every CUDA kernel source the engine would build, with NVRTC, on a machine without a GPU.
+
+The kernels' Python side runs for real (specs, launchers, input lists) on MLX's CPU backend, with
+`mx.fast.cuda_kernel` replaced by a recorder that wraps each source the way a `__global__` entry
+would take it (inputs `const T*`, outputs `T*`, `<input>_shape` arrays) and compiles it for sm_90.
+Register counts and spills come back from ptxas (`--ptxas-options=-v`).
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 \\
+        --platform manylinux2014_x86_64 nvidia-cuda-nvrtc nvidia-cuda-runtime -d /tmp/nvrtc
+    (cd /tmp/nvrtc && for f in *.whl; do unzip -qo $f -d x; done)
+    python scripts/nvrtc_check.py /tmp/nvrtc/x/nvidia/cu13"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+C_TYPES = {
+    mx.bfloat16: "__nv_bfloat16", mx.float16: "__half", mx.float32: "float",
+    mx.int32: "int", mx.uint32: "unsigned int", mx.uint8: "unsigned char",
+}
+
+
+class Nvrtc:
+    def __init__(self, root: Path) -> None:
+        self.lib = ctypes.CDLL(str(root / "lib" / "libnvrtc.so.13"))
+        self.include = root / "include"
+
+    def compile(self, name: str, source: str) -> tuple[bool, str]:
+        prog = ctypes.c_void_p()
+        rc = self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(),
+                                         0, None, None)
+        assert rc == 0, rc
+        opts = [b"--gpu-architecture=sm_90", b"--std=c++17", b"-default-device",
+                b"--ptxas-options=-v", f"-I{self.include}".encode()]
+        arr = (ctypes.c_char_p * len(opts))(*opts)
+        rc = self.lib.nvrtcCompileProgram(prog, len(opts), arr)
+        size = ctypes.c_size_t()
+        self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        self.lib.nvrtcGetProgramLog(prog, log)
+        self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        return rc == 0, log.value.decode(errors="replace")
+
+
+SOURCES: dict[str, str] = {}
+
+
+def recorder(*, name: str, input_names: list[str], output_names: list[str], source: str,
+             header: str = "", **_: Any) -> Any:
+    def call(*, inputs: list[mx.array], output_shapes: list[Any], output_dtypes: list[mx.Dtype],
+             grid: Any, threadgroup: Any, **__: Any) -> list[mx.array]:
+        params = [f"const {C_TYPES[a.dtype]}* {n}" for n, a in zip(input_names, inputs, strict=True)]
+        params += [f"const int* {n}_shape" for n in input_names if f"{n}_shape" in source]
+        params += [f"{C_TYPES[d]}* {n}" for n, d in zip(output_names, output_dtypes, strict=True)]
+        SOURCES[name] = (
+            f"{header}\nextern \"C\" __global__ void __launch_bounds__({threadgroup[0]}) "
+            f"{name}({', '.join(params)}) {{\n{source}}}\n"
+        )
+        return [mx.zeros(s, dtype=d) for s, d in zip(output_shapes, output_dtypes, strict=True)]
+
+    return call
+
+
+def build_all() -> None:
+    from dataclasses import replace
+
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import AttentionStepSpec
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import launcher as attention_launcher
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import spec_fits as attention_fits
+    from mlx_omnia.engine.core.kernels.qmv.cuda import CANDIDATES, QmvSpec, launcher, spec_fits
+
+    def weights(spec: QmvSpec, n: int) -> list[mx.array]:
+        if spec.bits is None:
+            return [mx.zeros((n, spec.k), dtype=spec.dtype)]
+        return [mx.zeros((n, spec.k * spec.bits // 32), dtype=mx.uint32),
+                mx.zeros((n, spec.k // spec.group_size), dtype=spec.dtype),  # type: ignore[operator]
+                mx.zeros((n, spec.k // spec.group_size), dtype=spec.dtype)]  # type: ignore[operator]
+
+    def run_qmv(spec: QmvSpec) -> None:
+        if not spec_fits(spec):
+            return
+        inputs = [mx.zeros((1, 1, spec.k), dtype=spec.dtype)]
+        for n in spec.rows:
+            inputs += weights(spec, n)
+        if spec.norm_eps is not None:
+            inputs.append(mx.zeros((spec.k,), dtype=spec.dtype))
+        if spec.residual:
+            inputs.append(mx.zeros((1, 1, spec.rows[0]), dtype=spec.dtype))
+        launcher(spec, (1, 1))(inputs)
+
+    for dtype in (mx.bfloat16, mx.float16):
+        for bits, group in ((None, None), (4, 32), (4, 64), (4, 128), (8, 64)):
+            base = QmvSpec(dtype=dtype, k=2560, rows=(4096, 1024, 1024), bits=bits,
+                           group_size=group, norm_eps=1e-6)
+            run_qmv(base)
+            run_qmv(replace(base, rows=(9728, 9728), gate="silu"))
+            run_qmv(replace(base, rows=(9728, 9728), gate="gelu_tanh"))
+            run_qmv(replace(base, k=9728, rows=(2560,), norm_eps=None, residual=True))
+            run_qmv(replace(base, rows=(151936,)))
+            run_qmv(replace(base, k=576, rows=(49152,)))
+            for launch in CANDIDATES:
+                run_qmv(replace(base, rows=(9728, 9728), gate="silu", launch=launch))
+                run_qmv(replace(base, k=9728, rows=(2560,), norm_eps=None, residual=True,
+                                launch=launch))
+    for dtype in (mx.bfloat16, mx.float16):
+        for h, kv, d, qk in ((32, 8, 128, True), (32, 8, 64, False), (8, 8, 128, False),
+                             (16, 2, 64, True), (8, 4, 32, True), (9, 3, 64, False)):
+            for cap in (256, 2304, 8192):
+                spec = AttentionStepSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d,
+                                         capacity=cap, scale=d**-0.5, q_eps=1e-6 if qk else None,
+                                         k_eps=1e-6 if qk else None)
+                if not attention_fits(spec):
+                    continue
+                inputs = [mx.zeros((1, 1, h * d), dtype=dtype), mx.zeros((1, 1, kv * d), dtype=dtype),
+                          mx.zeros((1, 1, kv * d), dtype=dtype)]
+                if qk:
+                    inputs += [mx.zeros((d,), dtype=dtype), mx.zeros((d,), dtype=dtype)]
+                inputs += [mx.zeros((d // 2,), dtype=mx.float32),
+                           mx.zeros((1, kv, cap, d), dtype=dtype), mx.zeros((1, kv, cap, d), dtype=dtype),
+                           mx.zeros((), dtype=mx.int32), mx.zeros((kv,), dtype=mx.int32)]
+                attention_launcher(spec, (1, 1))(inputs)
+
+
+def main() -> int:
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/nvrtc/x/nvidia/cu13")
+    only = sys.argv[2] if len(sys.argv) > 2 else ""
+    mx.fast.cuda_kernel = recorder  # type: ignore[assignment]
+    build_all()
+    nvrtc = Nvrtc(root)
+    failed = 0
+    for name, source in sorted(SOURCES.items()):
+        if only not in name:
+            continue
+        ok, log = nvrtc.compile(name, source)
+        regs = re.findall(r"Used (\d+) registers", log)
+        spill = re.findall(r"(\d+) bytes spill stores", log)
+        smem = re.findall(r"(\d+) bytes smem", log)
+        print(f"{'ok  ' if ok else 'FAIL'} regs={','.join(regs) or '?':>4} spill={','.join(spill) or '0'} "
+              f"smem={','.join(smem) or '?'} {name}")
+        if not ok:
+            failed += 1
+            print(log[:4000])
+    print(f"{len(SOURCES)} kernels, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
