@@ -125,6 +125,49 @@ def build_all() -> None:
                            mx.zeros((1, kv, cap, d), dtype=dtype), mx.zeros((1, kv, cap, d), dtype=dtype),
                            mx.zeros((), dtype=mx.int32), mx.zeros((kv,), dtype=mx.int32)]
                 attention_launcher(spec, (1, 1))(inputs)
+    build_moe()
+
+
+def build_moe() -> None:
+    from mlx_omnia.engine.core.kernels.moe.cuda import (
+        ExpertsSpec,
+        RouteSpec,
+        experts_fits,
+        experts_launcher,
+        route_fits,
+        route_launcher,
+    )
+
+    for dtype in (mx.bfloat16, mx.float16):
+        for e, k, first, norm in ((128, 8, False, True), (64, 8, False, False), (8, 2, True, False),
+                                  (60, 4, False, False), (512, 32, False, True)):
+            spec = RouteSpec(dtype, e, k, first, norm)
+            if route_fits(spec):
+                route_launcher(spec)(mx.zeros((e,), dtype=dtype))
+        for bits, group in ((None, None), (4, 32), (4, 64), (8, 64)):
+            # qwen3-30b-a3b, olmoe, qwen2_moe-ish, a tiny test shape
+            for hidden, inner, top in ((2048, 768, 8), (2048, 1024, 8), (2048, 1408, 4), (256, 64, 2)):
+                up = ExpertsSpec(dtype, hidden, inner, top, bits, group, gate_up=True)
+                for spec in (up, ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False),
+                             ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False,
+                                         residual=True)):
+                    if not experts_fits(spec):
+                        continue
+                    def mats(n: int, kk: int) -> list[mx.array]:
+                        if bits is None:
+                            return [mx.zeros((16, n, kk), dtype=dtype)]
+                        return [mx.zeros((16, n, kk * bits // 32), dtype=mx.uint32),
+                                mx.zeros((16, n, kk // group), dtype=dtype),  # type: ignore[operator]
+                                mx.zeros((16, n, kk // group), dtype=dtype)]  # type: ignore[operator]
+                    ids = mx.zeros((spec.top_k,), dtype=mx.uint32)
+                    if spec.gate_up:
+                        inputs = [mx.zeros((spec.k,), dtype=dtype), ids, *mats(2 * spec.rows, spec.k)]
+                    else:
+                        inputs = [mx.zeros((spec.top_k, spec.k), dtype=dtype), ids,
+                                  mx.zeros((spec.top_k,), dtype=dtype), *mats(spec.rows, spec.k)]
+                        if spec.residual:
+                            inputs.append(mx.zeros((spec.rows,), dtype=dtype))
+                    experts_launcher(spec)(inputs)
 
 
 def main() -> int:

@@ -21,11 +21,13 @@ from typing import Literal
 import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
+from mlx_omnia.engine.core.kernels import moe as moe_kernels
 from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
 
 RouteOrder = Literal["softmax_topk", "topk_softmax"]
 ExpertQuantMode = Literal["affine", "mxfp4"]
 GateActivation = Literal["silu", "gpt_oss_swiglu"]
+_ROUTE_CUDA, _GATE_UP_CUDA, _DOWN_COMBINE_CUDA = moe_kernels.implementations()
 
 
 class Route(Declaration):
@@ -35,6 +37,8 @@ class Route(Declaration):
     renormalize them to sum to one when `normalize`. order "topk_softmax": keep the k largest
     logits and softmax over those (equal to softmax_topk with normalize, in other arithmetic).
     The softmax runs in float32; weights come back in the logits' dtype."""
+
+    implementations = (_ROUTE_CUDA,)
 
     def __init__(
         self, n_experts: int, top_k: int, *, order: RouteOrder = "softmax_topk", normalize: bool = False
@@ -196,6 +200,8 @@ class GateUp(ExpertLinear):
     the projections; `activation` "gpt_oss_swiglu" computes, with g, u the projections,
     (clip(u, -limit, limit) + 1) * min(g, limit) * sigmoid(alpha * min(g, limit))."""
 
+    implementations = (_GATE_UP_CUDA,)
+
     def __init__(
         self,
         n_experts: int,
@@ -252,29 +258,34 @@ class DownCombine(ExpertLinear):
     """The selected experts' down projections, weighted and summed: h [..., k, in],
     ids [..., k], weights [..., k] -> sum_j weights[j] * (h[j] @ D[ids[j]].T) [..., out].
     `weight`: [n_experts, output_dims, input_dims]. Option `bias`: a per-expert bias
-    [n_experts, output_dims] added to each selected expert's output before the weighting."""
+    [n_experts, output_dims] added to each selected expert's output before the weighting.
+    `residual` (a call argument) declares what follows: the sum is added to it (h + moe(h))."""
+
+    implementations = (_DOWN_COMBINE_CUDA,)
 
     def __init__(self, n_experts: int, input_dims: int, output_dims: int, *, bias: bool = False) -> None:
         super().__init__(n_experts, input_dims, output_dims)
         if bias:
             self.bias = mx.zeros((n_experts, output_dims))
-        self._bound: Callable[[mx.array, mx.array, mx.array], mx.array] = self.reference()
+        self._bound: Callable[..., mx.array] = self.reference()
 
-    def reference(self) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
+    def reference(self) -> Callable[..., mx.array]:
         select = self.select()
-        if self.has_bias:
 
-            def down_combine_bias(h: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
-                y = select(mx.expand_dims(h, -2), ids).squeeze(-2) + self.bias[ids]
-                return (y * mx.expand_dims(weights, -1)).sum(axis=-2).astype(h.dtype)
-
-            return down_combine_bias
-
-        def down_combine(h: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
+        def down_combine(
+            h: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
+        ) -> mx.array:
             y = select(mx.expand_dims(h, -2), ids).squeeze(-2)
-            return (y * mx.expand_dims(weights, -1)).sum(axis=-2).astype(h.dtype)
+            if "bias" in self:
+                y = y + self.bias[ids]
+            out = (y * mx.expand_dims(weights, -1)).sum(axis=-2).astype(h.dtype)
+            return out if residual is None else residual + out
 
         return down_combine
 
-    def __call__(self, h: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
-        return self._bound(h, ids, weights)
+    def __call__(
+        self, h: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
+    ) -> mx.array:
+        if residual is None:
+            return self._bound(h, ids, weights)
+        return self._bound(h, ids, weights, residual)

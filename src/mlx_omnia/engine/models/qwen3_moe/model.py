@@ -11,9 +11,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_omnia.engine.core.cache import KVCache
-from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
+from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, Projections, RmsNorm
 from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route
-from mlx_omnia.engine.core.mxcompat import reshape, silu
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.qwen3_moe.config import Qwen3MoeConfig
 
@@ -33,31 +32,29 @@ class Qwen3MoeAttention(nn.Module):
         self.k_norm = RmsNorm(self.head_dim, cfg.rms_norm_eps)
         self.rope = build_rope(self.head_dim, cfg.rope)
         self.attention = AttentionStep(
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+            q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
         )
 
-    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        b, length, _ = x.shape
-        q = self.q_norm(reshape(self.q_proj(x), b, length, self.n_heads, self.head_dim))
-        k = self.k_norm(reshape(self.k_proj(x), b, length, self.n_kv_heads, self.head_dim))
-        v = reshape(self.v_proj(x), b, length, self.n_kv_heads, self.head_dim)
-        q, k, v = q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2)
-        offset = cache.offset if cache is not None else 0
-        q = self.rope(q, offset)
-        k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache)
-        return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
+    def __call__(
+        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None, residual: mx.array
+    ) -> mx.array:
+        """residual + o_proj(attention of the projections q, k, v)."""
+        return self.o_proj(self.attention.project(q, k, v, cache), residual=residual)
 
 
 class Qwen3MoeMLP(nn.Module):
-    def __init__(self, cfg: Qwen3MoeConfig) -> None:
+    def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm) -> None:
         super().__init__()
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.gate_up = Projections((self.gate_proj, self.up_proj), norm=norm, gate="silu")
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
+    def __call__(self, h: mx.array) -> mx.array:
+        """h + the MLP of norm(h)."""
+        (act,) = self.gate_up(h)
+        return self.down_proj(act, residual=h)
 
 
 class Qwen3MoeExperts(nn.Module):
@@ -67,12 +64,14 @@ class Qwen3MoeExperts(nn.Module):
         self.gate_up_proj = GateUp(n, hidden, inner)
         self.down_proj = DownCombine(n, inner, hidden)
 
-    def __call__(self, x: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
-        return self.down_proj(self.gate_up_proj(x, ids), ids, weights)
+    def __call__(self, x: mx.array, ids: mx.array, weights: mx.array, residual: mx.array) -> mx.array:
+        return self.down_proj(self.gate_up_proj(x, ids), ids, weights, residual=residual)
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    def __init__(self, cfg: Qwen3MoeConfig) -> None:
+    _norm: RmsNorm
+
+    def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm) -> None:
         super().__init__()
         self.gate = Linear(cfg.hidden_size, cfg.num_experts)
         self.route = Route(
@@ -80,23 +79,29 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
             normalize=cfg.norm_topk_prob,
         )
         self.experts = Qwen3MoeExperts(cfg)
+        object.__setattr__(self, "_norm", norm)  # the layer's post_attention_layernorm
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, h: mx.array) -> mx.array:
+        """h + the experts' MLP of norm(h)."""
+        x = self._norm(h)
         weights, ids = self.route(self.gate(x))
-        return self.experts(x, ids, weights)
+        return self.experts(x, ids, weights, residual=h)
 
 
 class Qwen3MoeDecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen3MoeConfig, index: int) -> None:
         super().__init__()
         self.self_attn = Qwen3MoeAttention(cfg)
-        self.mlp = Qwen3MoeSparseMoeBlock(cfg) if cfg.sparse(index) else Qwen3MoeMLP(cfg)
         self.input_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = self.post_attention_layernorm
+        self.mlp = Qwen3MoeSparseMoeBlock(cfg, norm) if cfg.sparse(index) else Qwen3MoeMLP(cfg, norm)
+        attn = self.self_attn
+        self.qkv = Projections((attn.q_proj, attn.k_proj, attn.v_proj), norm=self.input_layernorm)
 
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        q, k, v = self.qkv(x)
+        return self.mlp(self.self_attn(q, k, v, cache, residual=x))
 
 
 class Qwen3MoeModel(nn.Module):
@@ -106,11 +111,15 @@ class Qwen3MoeModel(nn.Module):
         self.layers = [Qwen3MoeDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+    def hidden(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+        """The last layer's output, before the final norm."""
         h = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             h = layer(h, cache[i] if cache is not None else None)
-        return self.norm(h)
+        return h
+
+    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+        return self.norm(self.hidden(ids, cache))
 
 
 class Qwen3MoeForCausalLM(nn.Module):
@@ -120,12 +129,12 @@ class Qwen3MoeForCausalLM(nn.Module):
         self.model = Qwen3MoeModel(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        table = self.model.embed_tokens if cfg.tie_word_embeddings else self.lm_head
+        self.head = Projections((table,), norm=self.model.norm)
 
     def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
-        h = self.model(ids, cache)
-        if self.config.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+        (logits,) = self.head(self.model.hidden(ids, cache))
+        return logits
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.model.layers]

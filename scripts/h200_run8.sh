@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# H200 session 5. A: every CUDA test, the attention bench (new kernel, previous kernel, core).
+# B: per-kernel profile of a decode step (bf16, 4-bit), benches bf16 and 4-bit against mlx-lm.
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+if [ "$1" = A ]; then
+  timeout 420 python3 -m pytest -q -m cuda -p no:cacheprovider -rf --durations=8 \
+    tests/test_kernels_cuda.py > $OUT/cuda_tests.txt 2>&1
+  tail -30 $OUT/cuda_tests.txt
+  timeout 100 python3 scripts/h200_attention_bench.py kernel,v1,core 512,4000 2>&1 | tee $OUT/attention.txt
+else
+  for fmt in bf16 q4; do
+    timeout 100 $NCU --clock-control none --metrics gpu__time_duration.sum --csv \
+      python3 scripts/h200_profile.py run $fmt > $OUT/ncu_$fmt.csv 2>$OUT/ncu_$fmt.err
+    python3 scripts/h200_profile.py report $OUT/ncu_$fmt.csv 2>&1 | tee $OUT/ncu_$fmt.txt
+  done
+  B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-4b"
+  timeout 170 $B --runs 3 --json $OUT/bf16.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/bf16.txt
+  timeout 170 $B --runs 3 --quantize 4 --json $OUT/q4.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/q4.txt
+fi

@@ -1,0 +1,160 @@
+"""Mixture-of-experts kernels bound to Route, GateUp and DownCombine declarations (see cuda.py).
+
+`*_applies` accept a declaration only when the kernel computes exactly what it declares: CUDA
+backend; Route with at most MAX_EXPERTS experts and MAX_TOP_K chosen (either order, either
+normalization); GateUp / DownCombine with affine (not mxfp4) expert matrices, dense in
+bf16/fp16 or 4/8-bit in groups of 32/64/128 (scales in the activation dtype), no per-expert
+bias, GateUp's activation silu. The bound calls run the kernels for one token (one row of
+logits, one input row, k selected experts with uint32 ids as Route makes them) and hand anything
+else (prefill, other dtypes, more experts than the staged input holds) to the core."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
+from mlx_omnia.engine.core.kernels.moe.cuda import (
+    ExpertsSpec,
+    RouteSpec,
+    experts_fits,
+    experts_launcher,
+    route_fits,
+    route_launcher,
+)
+from mlx_omnia.engine.core.mxcompat import reshape
+
+if TYPE_CHECKING:
+    from mlx_omnia.engine.core.moe import DownCombine, ExpertLinear, GateUp, Route
+
+
+def route_spec(decl: Route, dtype: mx.Dtype) -> RouteSpec:
+    return RouteSpec(dtype=dtype, n_experts=decl.n_experts, top_k=decl.top_k,
+                     topk_first=decl.order == "topk_softmax", normalize=decl.normalize)
+
+
+def route_fits_decl(decl: Route) -> bool:
+    """Every declared property is one the kernel computes (the backend aside)."""
+    return route_fits(route_spec(decl, mx.bfloat16))
+
+
+def route_applies(decl: Route) -> bool:
+    return cuda_backend() and route_fits_decl(decl)
+
+
+def route_build(decl: Route) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+    reference = decl.reference()
+
+    def route(logits: mx.array) -> tuple[mx.array, mx.array]:
+        if logits.size != decl.n_experts or logits.dtype not in CUDA_TYPES:
+            return reference(logits)
+        weights, ids = route_launcher(route_spec(decl, logits.dtype))(logits)
+        lead = logits.shape[:-1]
+        return reshape(weights, *lead, decl.top_k), reshape(ids, *lead, decl.top_k)
+
+    return route
+
+
+def expert_format(decl: ExpertLinear) -> tuple[mx.Dtype, int | None, int | None] | None:
+    """(activation dtype, bits, group size) of stacked expert matrices; None when the kernels
+    cannot take them (mxfp4, a per-expert bias, scales and biases of two dtypes)."""
+    if decl.has_bias or decl.mode != "affine":
+        return None
+    if decl.bits is None:
+        return decl.weight.dtype, None, None
+    if decl.scales.dtype != decl.biases.dtype:
+        return None
+    return decl.scales.dtype, decl.bits, decl.group_size
+
+
+def experts_spec(decl: GateUp | DownCombine, top_k: int, *, residual: bool = False) -> ExpertsSpec | None:
+    from mlx_omnia.engine.core.moe import GateUp
+
+    fmt = expert_format(decl)
+    if fmt is None:
+        return None
+    dtype, bits, group = fmt
+    gate_up = isinstance(decl, GateUp)
+    if gate_up and decl.activation != "silu":
+        return None
+    rows = decl.hidden_dims if isinstance(decl, GateUp) else decl.output_dims
+    return ExpertsSpec(dtype=dtype, k=decl.input_dims, rows=rows, top_k=top_k, bits=bits,
+                       group_size=group, gate_up=gate_up, residual=residual)
+
+
+def experts_fits_decl(decl: GateUp | DownCombine) -> bool:
+    """Every declared property is one the kernel computes (the backend aside; the number of
+    selected experts is Route's, checked per call)."""
+    spec = experts_spec(decl, 1)
+    return spec is not None and experts_fits(spec)
+
+
+def experts_applies(decl: GateUp | DownCombine) -> bool:
+    return cuda_backend() and experts_fits_decl(decl)
+
+
+def _weights(decl: ExpertLinear) -> list[mx.array]:
+    return [decl.weight] if decl.bits is None else [decl.weight, decl.scales, decl.biases]
+
+
+def _fitted(decl: GateUp | DownCombine, top_k: int, residual: bool = False) -> ExpertsSpec | None:
+    spec = experts_spec(decl, top_k, residual=residual)
+    return spec if spec is not None and experts_fits(spec) else None
+
+
+def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
+    reference = decl.reference()
+    dtype = mx.bfloat16 if (fmt := expert_format(decl)) is None else fmt[0]
+
+    def gate_up(x: mx.array, ids: mx.array) -> mx.array:
+        top_k = ids.shape[-1] if ids.ndim else 0
+        spec = _fitted(decl, top_k)
+        if (
+            spec is None or x.size != decl.input_dims or ids.size != top_k
+            or x.dtype != dtype or ids.dtype != mx.uint32
+        ):
+            return reference(x, ids)
+        out = experts_launcher(spec)([x, ids, *_weights(decl)])
+        return reshape(out, *ids.shape, decl.hidden_dims)
+
+    return gate_up
+
+
+def down_combine_build(decl: DownCombine) -> Callable[..., mx.array]:
+    reference = decl.reference()
+    dtype = mx.bfloat16 if (fmt := expert_format(decl)) is None else fmt[0]
+
+    def down_combine(
+        h: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
+    ) -> mx.array:
+        top_k = ids.shape[-1] if ids.ndim else 0
+        spec = _fitted(decl, top_k, residual is not None)
+        if (
+            spec is None or h.size != top_k * decl.input_dims or ids.size != top_k
+            or weights.size != top_k or h.dtype != dtype or weights.dtype != dtype
+            or ids.dtype != mx.uint32
+            or (residual is not None
+                and (residual.dtype != dtype or residual.size != decl.output_dims))
+        ):
+            return reference(h, ids, weights, residual)
+        inputs = [h, ids, weights, *_weights(decl)]
+        if residual is not None:
+            inputs.append(residual)
+        out = experts_launcher(spec)(inputs)
+        return reshape(out, *h.shape[:-2], decl.output_dims)
+
+    return down_combine
+
+
+def implementations() -> tuple[Any, Any, Any]:
+    """(Implementation for Route, for GateUp, for DownCombine)."""
+    from mlx_omnia.engine.core.binding import Implementation
+
+    return (
+        Implementation("route_cuda", route_applies, route_build),
+        Implementation("experts_cuda", experts_applies, gate_up_build),
+        Implementation("experts_cuda", experts_applies, down_combine_build),
+    )

@@ -1,0 +1,403 @@
+"""Mixture-of-experts decode for one token on MLX's CUDA backend: routing, the selected experts'
+gate/up projections, their down projections combined.
+
+- `route`: one warp. Softmax (float32) of the router logits, the top-k experts (ties to the lower
+  id), their weights (renormalized when asked, or the softmax of the k chosen logits).
+- `expert_gate_up`: act(x G[e].T) * (x U[e].T) for the k selected experts e. Groups of LPR lanes
+  each compute one (expert, row) pair: the gate row and the up row of expert e, lanes striding
+  the rows' 16-byte chunks. The input sits in shared memory (as floats, prescaled for 4 bits,
+  with each chunk's sum, as the qmv kernel stages it).
+- `expert_down`: sum_j w_j (h_j D[e_j].T) (+ residual). One warp per output row: the warp's
+  lanes split into k groups (one per selected expert) that stride the row's chunks; each group's
+  dot product is rounded as the core's matmul output, weighted, rounded again, and the warp sums
+  the k products.
+
+Weights are the stacked expert matrices [n_experts, rows, in], dense in the activation dtype or
+affine-quantized along the input (scales and biases in the activation dtype): row r of expert e
+is row e * rows + r of the flattened stack, which is how `QmvRow` (the qmv kernel's chunk
+arithmetic, reused here) addresses it. Rounding follows the core modules (gather_qmm outputs
+rounded to the activation dtype, then the activation, the weighting and the sum as MLX ops
+round them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import mlx.core as mx
+
+from mlx_omnia.engine.core.kernels import cuda_kernel
+from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, flag
+from mlx_omnia.engine.core.kernels.qmv.cuda import QMV_HEADER
+
+MAX_EXPERTS = 512  # router width one warp holds in registers (16 logits per lane)
+MAX_TOP_K = 32     # selected experts: one lane group each in the combine
+MAX_ROWS_STAGED = 10240  # input values one block stages in shared memory (40 KB as floats)
+
+MOE_HEADER = QMV_HEADER + r"""
+namespace omnia {
+
+// Rows of input x [NROWS][K] staged in shared memory for QmvRow<T, BITS, GROUP, K>::dot: for
+// quantized weights as floats laid out [row][VPC / 4][CHUNKS] float4 (prescaled for 4 bits) with
+// each chunk's sum in xsum[row][CHUNKS]; for dense weights copied as T into xs [row][K].
+template <typename T, int BITS, int K, int NROWS>
+__device__ __forceinline__ void stage_rows(const T* x, float* xq, float* xsum, T* xs, int tid,
+                                           int nt) {
+  constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
+  constexpr int CHUNKS = K / VPC;
+  constexpr int XCH = K / 8;  // 16-byte pieces of one input row
+  const uint4* x4 = reinterpret_cast<const uint4*>(x);
+  if constexpr (BITS == 0) {
+    uint4* xs4 = reinterpret_cast<uint4*>(xs);
+    for (int i = tid; i < NROWS * XCH; i += nt) xs4[i] = x4[i];
+  } else {
+    constexpr int PARTS = VPC / 8;  // pieces of a chunk (consecutive threads)
+    for (int base = 0; base < NROWS * XCH; base += nt) {
+      const int i = base + tid;
+      float sum = 0.f;
+      if (i < NROWS * XCH) {
+        const int row = i / XCH, p = i % XCH;
+        float f[8];
+        unpack8<T>(x4[i], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum += f[j];
+        const int c = p / PARTS, q0 = (p % PARTS) * 2;
+        float4* dst = reinterpret_cast<float4*>(xq + (size_t)row * K);
+        if constexpr (BITS == 4) {
+          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1] * prescale4(1), f[2] * prescale4(2),
+                                             f[3] * prescale4(3));
+          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5] * prescale4(1),
+                                                   f[6] * prescale4(2), f[7] * prescale4(3));
+        } else {
+          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1], f[2], f[3]);
+          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+      }
+      // PARTS divides XCH and the block size: a chunk's pieces sit in neighbouring lanes.
+#pragma unroll
+      for (int o = 1; o < PARTS; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      if (i < NROWS * XCH && i % PARTS == 0) {
+        xsum[(i / XCH) * CHUNKS + (i % XCH) / PARTS] = sum;
+      }
+    }
+  }
+}
+
+// The staged inputs of chunk c of input row `row` (and their sum, for quantized weights).
+template <typename T, int BITS, int K>
+__device__ __forceinline__ float staged_chunk(const float* xq, const float* xsum, const T* xs,
+                                              int row, int c, float* xf) {
+  constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
+  constexpr int CHUNKS = K / VPC;
+  if constexpr (BITS == 0) {
+    unpack8<T>(reinterpret_cast<const uint4*>(xs + (size_t)row * K)[c], xf);
+    return 0.f;
+  } else {
+    const float4* src = reinterpret_cast<const float4*>(xq + (size_t)row * K);
+#pragma unroll
+    for (int q = 0; q < VPC / 4; ++q) {
+      const float4 v = src[q * CHUNKS + c];
+      xf[4 * q] = v.x; xf[4 * q + 1] = v.y; xf[4 * q + 2] = v.z; xf[4 * q + 3] = v.w;
+    }
+    return xsum[row * CHUNKS + c];
+  }
+}
+
+// ORDER 0: softmax over every expert, top k of the probabilities (NORMALIZE: divided by their
+// sum); ORDER 1: top k of the logits, softmax over those k.
+template <typename T, int E, int TOPK, int ORDER, bool NORMALIZE>
+__device__ __forceinline__ void route(const T* logits, T* weights, unsigned int* ids) {
+  constexpr int PER = (E + 31) / 32;
+  const int lane = threadIdx.x & 31;
+  float v[PER];
+  float m = -omnia_inf();
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? to_f<T>(logits[e]) : -omnia_inf();
+    m = fmaxf(m, v[i]);
+  }
+  m = warp_max(m);
+  if constexpr (ORDER == 0) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      v[i] = lane + 32 * i < E ? expf(v[i] - m) : 0.f;
+      s += v[i];
+    }
+    s = warp_sum(s);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;
+  }
+  // k rounds of a warp-wide argmax; the winner's value is struck out.
+  float mine = 0.f;  // lane j keeps the j-th chosen value
+  int my_id = 0;
+  for (int j = 0; j < TOPK; ++j) {
+    float best = -omnia_inf();
+    int bi = 0x7FFFFFFF;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      if (v[i] > best) { best = v[i]; bi = lane + 32 * i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, o);
+      const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
+      if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
+    }
+    if (lane == j) { mine = best; my_id = bi; }
+    if ((bi & 31) == lane) {
+#pragma unroll
+      for (int i = 0; i < PER; ++i) {
+        if (lane + 32 * i == bi) v[i] = -omnia_inf();
+      }
+    }
+  }
+  float w = mine;
+  if constexpr (ORDER == 1) {
+    const float top = __shfl_sync(0xFFFFFFFFu, mine, 0);  // the largest chosen logit
+    w = lane < TOPK ? expf(mine - top) : 0.f;
+    w /= warp_sum(w);
+  } else if constexpr (NORMALIZE) {
+    w /= warp_sum(lane < TOPK ? mine : 0.f);
+  }
+  if (lane < TOPK) {
+    weights[lane] = from_f<T>(w);
+    ids[lane] = (unsigned int)my_id;
+  }
+}
+
+// out[j][r] = rnd(act(rnd(x . G[ids[j]][r])) * rnd(x . U[ids[j]][r])), G and U the first and
+// last HID rows of each expert's stacked [2 * HID] rows. ACT 1: silu.
+template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS>
+__device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* ids,
+                                               const void* w, const T* s, const T* b, T* out) {
+  using Row = QmvRow<T, BITS, GROUP, K>;
+  constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
+  constexpr int NT = NWARPS * 32;
+  __shared__ __align__(16) float xq[BITS == 0 ? 4 : K];
+  __shared__ float xsum[BITS == 0 ? 1 : CHUNKS];
+  __shared__ __align__(16) T xs[BITS == 0 ? K : 8];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int GPW = 32 / LPR;
+  const int grp = lane / LPR, sl = lane % LPR;
+  int pair = (blockIdx.x * NWARPS + warp) * GPW + grp;  // j * HID + r
+  const bool valid = pair < TOPK * HID;
+  if (!valid) pair = 0;  // recomputes pair 0 (the shuffles need every lane), writes nothing
+  const int j = pair / HID, r = pair % HID;
+  const int gate_row = (int)ids[j] * 2 * HID + r, up_row = gate_row + HID;
+  // The first chunk's weights are requested before the input is staged.
+  const int c0 = min(sl, CHUNKS - 1);
+  const typename Row::Load g0 = Row::load(w, s, b, gate_row, c0);
+  const typename Row::Load u0 = Row::load(w, s, b, up_row, c0);
+  stage_rows<T, BITS, K, 1>(x, xq, xsum, xs, tid, NT);
+  __syncthreads();
+  float xf[VPC];
+  float ag = 0.f, au = 0.f;
+  if (sl < CHUNKS) {
+    const float sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, sl, xf);
+    ag = Row::dot(g0, xf, sx);
+    au = Row::dot(u0, xf, sx);
+  }
+#pragma unroll 2
+  for (int c = sl + LPR; c < CHUNKS; c += LPR) {
+    const typename Row::Load gl = Row::load(w, s, b, gate_row, c);
+    const typename Row::Load ul = Row::load(w, s, b, up_row, c);
+    const float sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, c, xf);
+    ag += Row::dot(gl, xf, sx);
+    au += Row::dot(ul, xf, sx);
+  }
+#pragma unroll
+  for (int o = LPR / 2; o > 0; o >>= 1) {
+    ag += __shfl_xor_sync(0xFFFFFFFFu, ag, o);
+    au += __shfl_xor_sync(0xFFFFFFFFu, au, o);
+  }
+  if (sl == 0 && valid) out[pair] = from_f<T>(rnd<T>(silu_r<T>(rnd<T>(ag)) * rnd<T>(au)));
+}
+
+// y[r] = rnd(sum_j rnd(rnd(h_j . D[ids[j]][r]) * w_j)) (+ residual, rounded): one warp a row,
+// LPE lanes per selected expert.
+template <typename T, int BITS, int GROUP, int K, int OUT, int TOPK, int LPE, int NWARPS,
+          bool RESID>
+__device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids, const T* wts,
+                                            const void* w, const T* s, const T* b, const T* res,
+                                            T* y) {
+  using Row = QmvRow<T, BITS, GROUP, K>;
+  constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
+  constexpr int NT = NWARPS * 32;
+  __shared__ __align__(16) float xq[BITS == 0 ? 4 : TOPK * K];
+  __shared__ float xsum[BITS == 0 ? 1 : TOPK * CHUNKS];
+  __shared__ __align__(16) T xs[BITS == 0 ? TOPK * K : 8];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r = blockIdx.x * NWARPS + warp;
+  const int j = lane / LPE, sl = lane % LPE;
+  const bool mine = j < TOPK && r < OUT;
+  const int row = mine ? (int)ids[j] * OUT + r : 0;
+  typename Row::Load first = Row::load(w, s, b, row, min(sl, CHUNKS - 1));
+  stage_rows<T, BITS, K, TOPK>(h, xq, xsum, xs, tid, NT);
+  __syncthreads();
+  float acc = 0.f;
+  if (mine) {
+    float xf[VPC];
+    if (sl < CHUNKS) acc = Row::dot(first, xf, staged_chunk<T, BITS, K>(xq, xsum, xs, j, sl, xf));
+#pragma unroll 2
+    for (int c = sl + LPE; c < CHUNKS; c += LPE) {
+      const typename Row::Load l = Row::load(w, s, b, row, c);
+      acc += Row::dot(l, xf, staged_chunk<T, BITS, K>(xq, xsum, xs, j, c, xf));
+    }
+  }
+#pragma unroll
+  for (int o = LPE / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+  float p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * to_f<T>(wts[j])) : 0.f;
+  p = warp_sum(p);
+  if (lane == 0 && r < OUT) {
+    float v = rnd<T>(p);
+    if constexpr (RESID) v = rnd<T>(to_f<T>(res[r]) + v);
+    y[r] = from_f<T>(v);
+  }
+}
+
+}  // namespace omnia
+"""
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    dtype: mx.Dtype
+    n_experts: int
+    top_k: int
+    topk_first: bool   # order "topk_softmax"
+    normalize: bool
+
+    def name(self) -> str:
+        return (f"omnia_route_{str(self.dtype).split('.')[-1]}_e{self.n_experts}_k{self.top_k}"
+                f"_{'ts' if self.topk_first else 'st'}{'_norm' if self.normalize else ''}")
+
+
+def route_fits(spec: RouteSpec) -> bool:
+    return (
+        spec.dtype in CUDA_TYPES
+        and 0 < spec.top_k <= min(spec.n_experts, MAX_TOP_K)
+        and spec.n_experts <= MAX_EXPERTS
+    )
+
+
+@cache
+def route_launcher(spec: RouteSpec) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+    """logits [E] -> (weights [k] in the logits' dtype, ids [k] uint32)."""
+    t = CUDA_TYPES[spec.dtype]
+    kernel = cuda_kernel(
+        spec.name(), ("logits",), ("weights", "ids"),
+        f"omnia::route<{t}, {spec.n_experts}, {spec.top_k}, {int(spec.topk_first)}, "
+        f"{flag(spec.normalize)}>(logits, weights, ids);\n",
+        MOE_HEADER,
+    )
+    shapes = [(spec.top_k,), (spec.top_k,)]
+    dtypes = [spec.dtype, mx.uint32]
+
+    def call(logits: mx.array) -> tuple[mx.array, mx.array]:
+        out: Any = kernel(inputs=[logits], output_shapes=shapes, output_dtypes=dtypes,
+                          grid=(32, 1, 1), threadgroup=(32, 1, 1))
+        return out[0], out[1]
+
+    return call
+
+
+@dataclass(frozen=True)
+class ExpertsSpec:
+    """One expert matmul kernel: `gate_up` (rows = hidden, 2 * hidden stacked per expert) or the
+    down projections combined (rows = output features)."""
+
+    dtype: mx.Dtype
+    k: int                    # input features
+    rows: int                 # hidden (gate_up) or output rows (down)
+    top_k: int
+    bits: int | None = None   # None: dense weights in `dtype`
+    group_size: int | None = None
+    gate_up: bool = True
+    residual: bool = False    # down only
+
+    @property
+    def values_per_chunk(self) -> int:
+        return 8 if self.bits is None else 128 // self.bits
+
+    @property
+    def lanes(self) -> int:
+        """gate_up: lanes per (expert, row) pair, leaving each lane about 4 chunks; down: lanes
+        per selected expert (32 over k rounded up to a power of two)."""
+        if self.gate_up:
+            chunks = self.k // self.values_per_chunk
+            return next((n for n in (32, 16, 8) if chunks >= 4 * n), 4)
+        p = 1
+        while p < self.top_k:
+            p *= 2
+        return 32 // p
+
+    def name(self) -> str:
+        fmt = "dense" if self.bits is None else f"q{self.bits}g{self.group_size}"
+        kind = "gate_up" if self.gate_up else "down" + ("_res" if self.residual else "")
+        return (f"omnia_experts_{kind}_{str(self.dtype).split('.')[-1]}_{fmt}_k{self.k}"
+                f"_n{self.rows}_top{self.top_k}")
+
+
+WARPS = 4
+
+
+def experts_fits(spec: ExpertsSpec) -> bool:
+    """Formats and geometry the kernels compute: dense bf16/fp16 or affine 4/8-bit in groups of
+    32/64/128, whole 16-byte chunks, at most MAX_TOP_K experts, the staged input in shared
+    memory."""
+    if spec.dtype not in CUDA_TYPES or not 0 < spec.top_k <= MAX_TOP_K or spec.rows <= 0:
+        return False
+    if spec.residual and spec.gate_up:
+        return False
+    if spec.bits is None:
+        fmt_ok = spec.group_size is None
+    else:
+        fmt_ok = (
+            spec.bits in (4, 8) and spec.group_size in (32, 64, 128)
+            and spec.k % spec.group_size == 0
+        )
+    staged = spec.k * (1 if spec.gate_up else spec.top_k)
+    return (
+        fmt_ok
+        and spec.k % spec.values_per_chunk == 0
+        and spec.k % 8 == 0
+        and staged <= MAX_ROWS_STAGED
+    )
+
+
+@cache
+def experts_launcher(spec: ExpertsSpec) -> Callable[[Sequence[mx.array]], mx.array]:
+    """gate_up: (x [in], ids [k], weights...) -> [k, hidden]; down: (h [k, in], ids [k],
+    routing weights [k], weights..., residual [out]?) -> [out]."""
+    t = CUDA_TYPES[spec.dtype]
+    bits, group = spec.bits or 0, spec.group_size or 1
+    quant = spec.bits is not None
+    mats = ("w", "s", "b") if quant else ("w",)
+    margs = "w, s, b" if quant else "w, nullptr, nullptr"
+    if spec.gate_up:
+        names: tuple[str, ...] = ("x", "ids", *mats)
+        source = (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
+                  f"{spec.top_k}, {spec.lanes}, {WARPS}>(x, ids, {margs}, out);\n")
+        pairs_per_block = WARPS * 32 // spec.lanes
+        blocks = (spec.top_k * spec.rows + pairs_per_block - 1) // pairs_per_block
+        shape: tuple[int, ...] = (spec.top_k, spec.rows)
+    else:
+        names = ("h", "ids", "wts", *mats, *(("res",) if spec.residual else ()))
+        source = (f"omnia::expert_down<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
+                  f"{spec.lanes}, {WARPS}, {flag(spec.residual)}>(h, ids, wts, {margs}, "
+                  f"{'res' if spec.residual else 'nullptr'}, out);\n")
+        blocks = (spec.rows + WARPS - 1) // WARPS
+        shape = (spec.rows,)
+    kernel = cuda_kernel(spec.name(), names, ("out",), source, MOE_HEADER)
+    grid, threads = (blocks * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
+
+    def call(inputs: Sequence[mx.array]) -> mx.array:
+        out: Any = kernel(inputs=list(inputs), output_shapes=[shape], output_dtypes=[spec.dtype],
+                          grid=grid, threadgroup=threads)
+        return out[0]
+
+    return call
