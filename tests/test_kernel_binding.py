@@ -15,6 +15,12 @@ import pytest
 from mlx_omnia.engine.core.binding import bind_layers
 from mlx_omnia.engine.core.kernels import cuda_backend
 from mlx_omnia.engine.core.kernels.attention_step import attention_applies, attention_fits
+from mlx_omnia.engine.core.kernels.moe import (
+    experts_applies,
+    experts_fits_decl,
+    route_applies,
+    route_fits_decl,
+)
 from mlx_omnia.engine.core.kernels.qmv import (
     linear_applies,
     linear_fits,
@@ -30,6 +36,7 @@ from mlx_omnia.engine.core.layers import (
     RmsNorm,
     Rope,
 )
+from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route
 from mlx_omnia.engine.core.rope import LongRope
 
 on_cpu = pytest.mark.skipif(cuda_backend(), reason="checks the CPU backend")
@@ -209,12 +216,96 @@ def test_attention_kernel_declines_a_declaration_differing_in_one_property(case:
     assert not attention_fits(ATTENTION_DECLINED[case]())
 
 
+# --- mixture of experts: Route, GateUp, DownCombine -------------------------------------------
+ROUTE_ACCEPTED: dict[str, Callable[[], Route]] = {
+    "128 experts, top 8, renormalized": lambda: Route(128, 8, normalize=True),
+    "softmax then top-k, not renormalized": lambda: Route(64, 6),
+    "top-k then softmax": lambda: Route(8, 2, order="topk_softmax"),
+    "512 experts, top 32": lambda: Route(512, 32),
+}
+ROUTE_DECLINED: dict[str, Callable[[], Route]] = {
+    "513 experts": lambda: Route(513, 8),
+    "top 33": lambda: Route(128, 33),
+}
+
+
+def experts(cls: type[GateUp] | type[DownCombine], *, dtype: mx.Dtype = mx.bfloat16,
+            bits: int | None = None, group_size: int = 64, mode: str = "affine",
+            d_in: int = 256, rows: int = 128, **kw: object) -> GateUp | DownCombine:
+    decl = cls(8, d_in, rows, **kw)  # type: ignore[arg-type]
+    decl.weight = decl.weight.astype(dtype)
+    if bits is not None:
+        decl.to_quantized(bits=bits, group_size=group_size, mode=mode)  # type: ignore[arg-type]
+        if mode == "affine":
+            decl.scales = decl.scales.astype(dtype)
+            decl.biases = decl.biases.astype(dtype)
+    return decl
+
+
+def _mixed_expert_scales(cls: type[GateUp] | type[DownCombine]) -> GateUp | DownCombine:
+    decl = experts(cls, bits=4)
+    decl.biases = decl.biases.astype(mx.float16)
+    return decl
+
+
+EXPERTS_ACCEPTED: dict[str, Callable[[type[GateUp] | type[DownCombine]], GateUp | DownCombine]] = {
+    "dense bf16": lambda c: experts(c),
+    "dense fp16": lambda c: experts(c, dtype=mx.float16),
+    "affine 4-bit g64": lambda c: experts(c, bits=4),
+    "affine 4-bit g32": lambda c: experts(c, bits=4, group_size=32),
+    "affine 8-bit g128": lambda c: experts(c, bits=8, group_size=128),
+}
+EXPERTS_DECLINED: dict[str, Callable[[type[GateUp] | type[DownCombine]], GateUp | DownCombine]] = {
+    "dtype float32": lambda c: experts(c, dtype=mx.float32),
+    "per-expert bias": lambda c: experts(c, bias=True),
+    "mxfp4": lambda c: experts(c, bits=4, group_size=32, mode="mxfp4"),
+    "bits 3": lambda c: experts(c, bits=3),
+    "bits 2": lambda c: experts(c, bits=2),
+    "group size 16": lambda c: experts(c, bits=4, group_size=16),
+    "scales and biases of two dtypes": _mixed_expert_scales,
+    "input width not a multiple of 8": lambda c: experts(c, d_in=252),
+    "input width past the shared-memory stage": lambda c: experts(c, d_in=16384),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUTE_ACCEPTED))
+def test_route_kernel_accepts_what_it_computes(case: str) -> None:
+    assert route_fits_decl(ROUTE_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(ROUTE_DECLINED))
+def test_route_kernel_declines_a_declaration_differing_in_one_property(case: str) -> None:
+    assert not route_fits_decl(ROUTE_DECLINED[case]())
+
+
+@pytest.mark.parametrize("cls", [GateUp, DownCombine], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("case", sorted(EXPERTS_ACCEPTED))
+def test_experts_kernel_accepts_what_it_computes(case: str, cls: type[GateUp] | type[DownCombine]) -> None:
+    assert experts_fits_decl(EXPERTS_ACCEPTED[case](cls))
+
+
+@pytest.mark.parametrize("cls", [GateUp, DownCombine], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("case", sorted(EXPERTS_DECLINED))
+def test_experts_kernel_declines_a_declaration_differing_in_one_property(
+    case: str, cls: type[GateUp] | type[DownCombine]
+) -> None:
+    assert not experts_fits_decl(EXPERTS_DECLINED[case](cls))
+
+
+def test_experts_kernel_declines_another_gate_activation() -> None:
+    assert experts_fits_decl(experts(GateUp, activation="silu"))
+    assert not experts_fits_decl(experts(GateUp, activation="gpt_oss_swiglu"))
+
+
 # --- the CPU backend ----------------------------------------------------------------------------
 @on_cpu
 def test_no_cuda_kernel_applies_on_the_cpu() -> None:
     assert not linear_applies(LINEAR_ACCEPTED["dense bf16"]())
     assert not projections_applies(PROJECTIONS_ACCEPTED["q/k/v after an RMS norm"]())
     assert not attention_applies(ATTENTION_ACCEPTED["qwen3 (head norms, GQA 4)"]())
+    assert not route_applies(ROUTE_ACCEPTED["128 experts, top 8, renormalized"]())
+    assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](GateUp))
+    assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](DownCombine))
 
 
 @on_cpu
