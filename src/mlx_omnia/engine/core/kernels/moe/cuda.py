@@ -342,7 +342,7 @@ class ExpertsSpec:
                 f"_n{self.rows}_top{self.top_k}")
 
 
-WARPS = 4
+WARPS = 8
 
 
 def experts_fits(spec: ExpertsSpec) -> bool:
