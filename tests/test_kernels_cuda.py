@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -217,15 +218,42 @@ def test_kernels_bind_only_on_the_gpu_device() -> None:
     assert lin.bind() == "qmv_cuda"
 
 
+def assert_greedy_agrees(fast: Any, ref: Any, prompt: str, steps: int = 128) -> None:
+    """The issue's agreement criterion, teacher-forced on the reference's greedy tokens: at each
+    step the kernel path's argmax equals the reference's, except where the reference's top-2
+    logit margin is below the measured noise (the largest |logit difference| between the two
+    paths over the run); and those near-ties stay rare."""
+    ids = fast.encode(prompt)
+    a, b = fast.decoding(), ref.decoding()
+    la, lb = a.feed(ids), b.feed(ids)
+    flips: list[tuple[int, float]] = []
+    noise = 0.0
+    for step in range(steps):
+        mx.eval(la, lb, a.state(), b.state())
+        fa = np.array(la[-1].astype(mx.float32))
+        fb = np.array(lb[-1].astype(mx.float32))
+        assert np.isfinite(fa).all()
+        noise = max(noise, float(np.abs(fa - fb).max()))
+        token = int(fb.argmax())
+        if int(fa.argmax()) != token:
+            top2 = np.sort(fb)[-2:]
+            flips.append((step, float(top2[1] - top2[0])))
+        la, lb = a.feed([token]), b.feed([token])
+    print(f"greedy agreement: {steps - len(flips)}/{steps}, noise {noise:.4f}, flips {flips}")
+    assert all(margin <= noise for _, margin in flips), (noise, flips)
+    assert len(flips) <= steps // 8, flips
+
+
 @pytest.mark.parametrize("quantize", [None, {"bits": 4, "group_size": 64}])
-def test_small_model_greedy_tokens_equal_the_reference(
+def test_small_model_greedy_tokens_agree_with_the_reference(
     tmp_path: Path, quantize: dict[str, int] | None
 ) -> None:
-    """A whole model whose every declaration binds a kernel: 64 greedy tokens through the
-    compiled kernel step equal the core path's, and the logits agree."""
+    """A whole model whose every declaration binds a kernel, decoding through the compiled
+    kernel step: greedy tokens agree with the core path's (assert_greedy_agrees) and the
+    logits stay within 2 % of the largest."""
     import os
 
-    from mlx_omnia import GenerationOptions, load
+    from mlx_omnia import load
     from tests.fixtures.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "m", hidden_size=256, intermediate_size=512,
@@ -239,10 +267,8 @@ def test_small_model_greedy_tokens_equal_the_reference(
     finally:
         del os.environ["OMNIA_REFERENCE_KERNELS"]
     assert set(ref.bindings().values()) == {"core"}
-    opts = GenerationOptions(max_tokens=64, temperature=0.0)
-    prompt = "the quick brown fox jumps over"
-    assert fast.generate(prompt, opts).token_ids == ref.generate(prompt, opts).token_ids
-    ids = fast.encode(prompt)
+    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
+    ids = fast.encode("the quick brown fox jumps over")
     a, b = fast.decoding(), ref.decoding()
     a.feed(ids[:-1]), b.feed(ids[:-1])
     for token in [*ids[-1:], 5, 9, 13]:
@@ -319,12 +345,12 @@ def test_experts_match_core(shape: tuple[int, int, int, int], fmt: tuple[int | N
         assert rel_err(got, want) <= 8 * ULP[dtype]
 
 
-def test_moe_model_greedy_tokens_equal_the_reference(tmp_path: Path) -> None:
-    """A qwen3_moe whose every declaration binds a kernel (4-bit): 64 greedy tokens through the
-    compiled kernel step equal the core path's."""
+def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> None:
+    """A qwen3_moe whose every declaration binds a kernel (4-bit): greedy tokens through the
+    compiled kernel step agree with the core path's (assert_greedy_agrees)."""
     import os
 
-    from mlx_omnia import GenerationOptions, load
+    from mlx_omnia import load
     from mlx_omnia.bench import shapes
 
     shapes.SHAPES["test-moe"] = dict(
@@ -341,6 +367,4 @@ def test_moe_model_greedy_tokens_equal_the_reference(tmp_path: Path) -> None:
         ref = load(str(path), dtype="bfloat16", quantize=quantize)
     finally:
         del os.environ["OMNIA_REFERENCE_KERNELS"]
-    opts = GenerationOptions(max_tokens=64, temperature=0.0)
-    prompt = "the quick brown fox jumps over"
-    assert fast.generate(prompt, opts).token_ids == ref.generate(prompt, opts).token_ids
+    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
