@@ -105,9 +105,16 @@ def _fitted(decl: GateUp | DownCombine, top_k: int, residual: bool = False) -> E
     return spec if spec is not None and experts_fits(spec) else None
 
 
+def _dtype(decl: ExpertLinear) -> mx.Dtype:
+    """The activation dtype of a declaration the predicate accepted."""
+    fmt = expert_format(decl)
+    assert fmt is not None
+    return fmt[0]
+
+
 def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
     reference = decl.reference()
-    dtype = mx.bfloat16 if (fmt := expert_format(decl)) is None else fmt[0]
+    dtype = _dtype(decl)
 
     def gate_up(x: mx.array, ids: mx.array) -> mx.array:
         top_k = ids.shape[-1] if ids.ndim else 0
@@ -125,7 +132,7 @@ def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
 
 def down_combine_build(decl: DownCombine) -> Callable[..., mx.array]:
     reference = decl.reference()
-    dtype = mx.bfloat16 if (fmt := expert_format(decl)) is None else fmt[0]
+    dtype = _dtype(decl)
 
     def down_combine(
         h: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
