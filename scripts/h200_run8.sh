@@ -10,7 +10,7 @@ if [ "$1" = A ]; then
   timeout 420 python3 -m pytest -q -m cuda -p no:cacheprovider -rf --durations=8 \
     tests/test_kernels_cuda.py > $OUT/cuda_tests.txt 2>&1
   tail -30 $OUT/cuda_tests.txt
-  timeout 100 python3 scripts/h200_attention_bench.py kernel,v1,core 512,4000 2>&1 | tee $OUT/attention.txt
+  timeout 100 python3 scripts/h200_attention_bench.py kernel,core 512,4000 2>&1 | tee $OUT/attention.txt
 elif [ "$1" = D ]; then
   # not yet run: the per-operation overhead probe (NOTES.md, issue 5's next step)
   timeout 200 python3 scripts/h200_overhead.py qwen3-4b 0 2>&1 | tee $OUT/overhead_bf16.txt

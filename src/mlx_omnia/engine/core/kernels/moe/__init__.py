@@ -100,9 +100,19 @@ def _weights(decl: ExpertLinear) -> list[mx.array]:
     return [decl.weight] if decl.bits is None else [decl.weight, decl.scales, decl.biases]
 
 
-def _fitted(decl: GateUp | DownCombine, top_k: int, residual: bool = False) -> ExpertsSpec | None:
-    spec = experts_spec(decl, top_k, residual=residual)
-    return spec if spec is not None and experts_fits(spec) else None
+def _fitted(decl: GateUp | DownCombine) -> Callable[[int, bool], ExpertsSpec | None]:
+    """The kernel spec for k selected experts (with or without the residual), or None where the
+    kernel cannot take that k; worked out once per (k, residual)."""
+    specs: dict[tuple[int, bool], ExpertsSpec | None] = {}
+
+    def fitted(top_k: int, residual: bool) -> ExpertsSpec | None:
+        key = (top_k, residual)
+        if key not in specs:
+            spec = experts_spec(decl, top_k, residual=residual)
+            specs[key] = spec if spec is not None and experts_fits(spec) else None
+        return specs[key]
+
+    return fitted
 
 
 def _dtype(decl: ExpertLinear) -> mx.Dtype:
@@ -115,10 +125,11 @@ def _dtype(decl: ExpertLinear) -> mx.Dtype:
 def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
     reference = decl.reference()
     dtype = _dtype(decl)
+    fitted = _fitted(decl)
 
     def gate_up(x: mx.array, ids: mx.array) -> mx.array:
         top_k = ids.shape[-1] if ids.ndim else 0
-        spec = _fitted(decl, top_k)
+        spec = fitted(top_k, False)
         if (
             spec is None or x.size != decl.input_dims or ids.size != top_k
             or x.dtype != dtype or ids.dtype != mx.uint32
@@ -133,12 +144,13 @@ def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
 def down_combine_build(decl: DownCombine) -> Callable[..., mx.array]:
     reference = decl.reference()
     dtype = _dtype(decl)
+    fitted = _fitted(decl)
 
     def down_combine(
         h: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
     ) -> mx.array:
         top_k = ids.shape[-1] if ids.ndim else 0
-        spec = _fitted(decl, top_k, residual is not None)
+        spec = fitted(top_k, residual is not None)
         if (
             spec is None or h.size != top_k * decl.input_dims or ids.size != top_k
             or weights.size != top_k or h.dtype != dtype or weights.dtype != dtype
