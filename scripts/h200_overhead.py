@@ -1,11 +1,12 @@
 """Where a decode step's time goes outside the kernels (H200 probe for issue 5).
 
 For one model shape, in one process:
-  wait      a compiled decode step, evaluated and waited on (what omnia-bench times)
+  wait      a decode step, evaluated and waited on (what omnia-bench times)
   host      the host time of one step: building and dispatching it, returning before the GPU ends
             (mx.async_eval), with the GPU idle at the start
-  pipelined steps queued one ahead (as Model.generate runs them): time per token
+  pipelined steps queued one ahead (as Model.generate and mlx-lm's generate run them)
   generate  Model.generate's own decode rate over the same number of tokens
+for the arms in OVERHEAD_ARMS (omnia, omnia-reference, mlx-lm; default omnia,mlx-lm),
 and, for scale, a chain of N trivial custom kernels compiled into one function (time per op,
 waited and host-only).
 
@@ -14,6 +15,7 @@ waited and host-only).
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -26,11 +28,46 @@ _ENGINE_FIRST = mlx_omnia.runtime_info
 import mlx.core as mx  # noqa: E402
 
 from mlx_omnia import GenerationOptions  # noqa: E402
-from mlx_omnia.bench import shapes  # noqa: E402
+from mlx_omnia.bench import measure, shapes  # noqa: E402
 
 
 def median_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
+
+
+def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float]:
+    """(waited, host-only, pipelined) seconds per decode step of one sequence."""
+    mx.eval(*feed(list(range(1, 129))))
+    for t in range(4):
+        mx.eval(*feed([3 + t]))
+    wait: list[float] = []
+    host: list[float] = []
+    for t in range(steps):
+        start = time.perf_counter()
+        out, state = feed([5 + t % 100])
+        mx.async_eval(out, state)
+        queued = time.perf_counter()
+        mx.eval(out)
+        done = time.perf_counter()
+        host.append(queued - start)
+        wait.append(done - start)
+    start = time.perf_counter()
+    pending, state = feed([7])
+    mx.async_eval(pending, state)
+    for t in range(steps):
+        following, state = feed([9 + t % 100])
+        mx.async_eval(following, state)
+        mx.eval(pending)
+        pending = following
+    mx.eval(pending)
+    pipelined = (time.perf_counter() - start) / (steps + 1)
+    return statistics.median(wait), statistics.median(host), pipelined
+
+
+def report(label: str, timing: tuple[float, float, float]) -> None:
+    wait, host, pipelined = timing
+    print(f"   {label:<8} wait {wait * 1e6:8.1f} us ({1 / wait:6.1f} tok/s)  host {host * 1e6:8.1f} us"
+          f"  pipelined {pipelined * 1e6:8.1f} us ({1 / pipelined:6.1f} tok/s)", flush=True)
 
 
 def probe_model(shape: str, bits: int | None, layers: int | None, steps: int) -> None:
@@ -38,55 +75,43 @@ def probe_model(shape: str, bits: int | None, layers: int | None, steps: int) ->
     if layers is not None:
         name = f"{shape}-{layers}"
         shapes.SHAPES[name] = dict(shapes.SHAPES[shape], num_hidden_layers=layers)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = shapes.build_checkpoint(name, Path(tmp) / "m", dtype="bfloat16")
-        quantize = None if bits is None else {"bits": bits, "group_size": 64}
-        model = mlx_omnia.load(str(path), dtype="bfloat16", quantize=quantize)
-        kinds = sorted(set(model.bindings().values()))
-        seq = model.decoding()
-        mx.eval(seq.feed(list(range(1, 129))), seq.state())
-        for t in range(4):
-            mx.eval(seq.feed([3 + t]), seq.state())
-
-        wait: list[float] = []
-        host: list[float] = []
-        for t in range(steps):
-            start = time.perf_counter()
-            out = seq.feed([5 + t % 100])
-            mx.async_eval(out, seq.state())
-            queued = time.perf_counter()
-            mx.eval(out)
-            done = time.perf_counter()
-            host.append(queued - start)
-            wait.append(done - start)
-
-        start = time.perf_counter()
-        pending = seq.feed([7])
-        mx.async_eval(pending, seq.state())
-        for t in range(steps):
-            following = seq.feed([9 + t % 100])
-            mx.async_eval(following, seq.state())
-            mx.eval(pending)
-            pending = following
-        mx.eval(pending)
-        pipelined = (time.perf_counter() - start) / (steps + 1)
-
-        # Generation's own loop (queued one step ahead): `steps` more tokens, prefill cancelled
-        # by the difference of two runs (random text need not decode into pieces as it goes).
-        prompt = "hello " * 64
-        times = []
-        for n in (1, steps + 1, 1, steps + 1):
-            start = time.perf_counter()
-            model.generate(prompt, GenerationOptions(max_tokens=n, temperature=0.0))
-            times.append(time.perf_counter() - start)
-        rate = steps / ((times[3] - times[2] + times[1] - times[0]) / 2)
-
+    arms = os.environ.get("OVERHEAD_ARMS", "omnia,mlx-lm").split(",")
     ops_note = f"{bits}-bit" if bits else "bf16"
-    print(f"== {name} {ops_note} bindings {kinds}")
-    print(f"   wait (bench)   {median_us(wait):8.1f} us/token  ({1e6 / median_us(wait):6.1f} tok/s)")
-    print(f"   host only      {median_us(host):8.1f} us/token")
-    print(f"   pipelined      {pipelined * 1e6:8.1f} us/token  ({1 / pipelined:6.1f} tok/s)")
-    print(f"   generate       {rate:8.1f} tok/s")
+    print(f"== {name} {ops_note} MLX_MAX_OPS_PER_BUFFER={os.environ.get('MLX_MAX_OPS_PER_BUFFER', '-')}",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        keep = os.environ.get("OVERHEAD_CKPT")  # reuse one checkpoint across processes
+        target = Path(keep) if keep else Path(tmp) / "m"
+        if (target / "config.json").exists():
+            path = target
+        else:
+            path = shapes.build_checkpoint(name, target, dtype="bfloat16")
+        quant = None if bits is None else (bits, 64)
+        for arm_name in arms:
+            if arm_name == "mlx-lm":
+                if measure.mlx_lm_importable() is None:
+                    continue
+                arm = measure.mlx_lm_arm(str(path), dtype="bfloat16", quantize=quant)
+            else:
+                arm = measure.omnia_arm(str(path), dtype="bfloat16", quantize=quant,
+                                        reference=arm_name == "omnia-reference")
+            report(arm_name, time_feed(arm.new_sequence(), steps))
+            if arm_name == "omnia":
+                # Model.generate's own loop: `steps` more tokens, prefill cancelled by the
+                # difference of two runs.
+                model = mlx_omnia.load(str(path), dtype="bfloat16",
+                                       quantize=None if bits is None else {"bits": bits, "group_size": 64})
+                prompt = "hello " * 64
+                times: list[float] = []
+                for n in (1, steps + 1, 1, steps + 1):
+                    start = time.perf_counter()
+                    model.generate(prompt, GenerationOptions(max_tokens=n, temperature=0.0))
+                    times.append(time.perf_counter() - start)
+                rate = steps / ((times[3] - times[2] + times[1] - times[0]) / 2)
+                print(f"   generate {rate:8.1f} tok/s", flush=True)
+                del model
+            del arm
+            mx.clear_cache()
 
 
 def probe_chain(n: int, reps: int = 50) -> None:
@@ -128,8 +153,9 @@ def main() -> None:
     layers = int(sys.argv[3]) if len(sys.argv) > 3 else None
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else 64
     print(mx.default_device(), flush=True)
-    for n in (16, 256):
-        probe_chain(n)
+    if not os.environ.get("OVERHEAD_SKIP_CHAIN"):
+        for n in (16, 256):
+            probe_chain(n)
     probe_model(shape, bits, layers, steps)
 
 

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# H200 session 5. A: every CUDA test, the attention bench (new kernel, previous kernel, core).
+# H200 session 6. D: where a decode step's time goes (scripts/h200_overhead.py): omnia and mlx-lm,
+# waited vs pipelined, and MLX's graph size (MLX_MAX_OPS_PER_BUFFER). T PATTERN: CUDA tests -k.
 # B: per-kernel profile of a decode step (bf16, 4-bit), benches bf16 and 4-bit against mlx-lm.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
-# D: where a decode step's time goes outside the kernels (scripts/h200_overhead.py).
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-if [ "$1" = A ]; then
-  timeout 420 python3 -m pytest -q -m cuda -p no:cacheprovider -rf --durations=8 \
-    tests/test_kernels_cuda.py > $OUT/cuda_tests.txt 2>&1
+if [ "$1" = T ]; then
+  timeout "${3:-400}" python3 -m pytest -q -m cuda -p no:cacheprovider -rf --durations=8 \
+    tests/test_kernels_cuda.py -k "$2" > $OUT/cuda_tests.txt 2>&1
   tail -30 $OUT/cuda_tests.txt
-  timeout 100 python3 scripts/h200_attention_bench.py kernel,core 512,4000 2>&1 | tee $OUT/attention.txt
 elif [ "$1" = D ]; then
-  # not yet run: the per-operation overhead probe (NOTES.md, issue 5's next step)
-  timeout 200 python3 scripts/h200_overhead.py qwen3-4b 0 2>&1 | tee $OUT/overhead_bf16.txt
-  timeout 200 python3 scripts/h200_overhead.py qwen3-4b 4 2>&1 | tee $OUT/overhead_q4.txt
+  export OVERHEAD_CKPT=/tmp/ovck
+  P="python3 scripts/h200_overhead.py qwen3-4b"
+  timeout 240 $P 0 2>&1 | tee $OUT/overhead_bf16.txt
+  for ops in 60 120 250; do
+    MLX_MAX_OPS_PER_BUFFER=$ops OVERHEAD_SKIP_CHAIN=1 OVERHEAD_ARMS=omnia timeout 90 $P 0 2>&1 \
+      | tee -a $OUT/overhead_bf16.txt
+  done
+  OVERHEAD_SKIP_CHAIN=1 timeout 150 $P 4 2>&1 | tee $OUT/overhead_q4.txt
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
   timeout 400 $B --runs 3 --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
