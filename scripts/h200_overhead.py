@@ -114,18 +114,22 @@ def probe_model(shape: str, bits: int | None, layers: int | None, steps: int) ->
             mx.clear_cache()
 
 
-def probe_chain(n: int, reps: int = 50) -> None:
+def probe_chain(n: int, reps: int = 50, extra: int = 0) -> None:
+    """A compiled chain of n trivial kernels, each taking `extra` more (unused) inputs."""
+    names = ["x"] + [f"e{i}" for i in range(extra)]
     kernel = mx.fast.cuda_kernel(
-        name="probe_add_one", input_names=["x"], output_names=["y"],
+        name=f"probe_add_one_{extra}", input_names=names, output_names=["y"],
         source="const int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < x_shape[0]) y[i] = x[i] + 1.f;",
     ) if mx.cuda.is_available() else None
+    extras = [mx.zeros((64,)) + i for i in range(extra)]
+    mx.eval(extras)
 
     def chain(x: mx.array) -> mx.array:
         for _ in range(n):
             if kernel is None:
                 x = x + 1.0
             else:
-                x = kernel(inputs=[x], output_shapes=[x.shape], output_dtypes=[x.dtype],
+                x = kernel(inputs=[x, *extras], output_shapes=[x.shape], output_dtypes=[x.dtype],
                            grid=(x.shape[0], 1, 1), threadgroup=(256, 1, 1))[0]
         return x
 
@@ -142,7 +146,7 @@ def probe_chain(n: int, reps: int = 50) -> None:
         mx.eval(y)
         wait.append(time.perf_counter() - start)
         host.append(queued - start)
-    kind = "custom kernels" if kernel is not None else "adds (no CUDA)"
+    kind = f"custom kernels ({1 + extra} inputs)" if kernel is not None else "adds (no CUDA)"
     print(f"== compiled chain of {n} {kind}: waited {median_us(wait) / n:6.2f} us/op, "
           f"host {median_us(host) / n:6.2f} us/op")
 
@@ -156,7 +160,9 @@ def main() -> None:
     if not os.environ.get("OVERHEAD_SKIP_CHAIN"):
         for n in (16, 256):
             probe_chain(n)
-    probe_model(shape, bits, layers, steps)
+        probe_chain(256, extra=7)
+    if os.environ.get("OVERHEAD_ARMS") != "none":
+        probe_model(shape, bits, layers, steps)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,18 @@ elif [ "$1" = D ]; then
       | tee -a $OUT/overhead_bf16.txt
   done
   OVERHEAD_SKIP_CHAIN=1 timeout 150 $P 4 2>&1 | tee $OUT/overhead_q4.txt
+elif [ "$1" = G ]; then
+  export OVERHEAD_CKPT=/tmp/ovck
+  OVERHEAD_ARMS=none timeout 60 python3 scripts/h200_overhead.py qwen3-4b 0 2>&1 | grep chain | tee $OUT/chain.txt
+  timeout 150 python3 scripts/h200_graph.py qwen3-4b 0 2>&1 | tee $OUT/graph.txt
+  timeout 100 python3 scripts/h200_graph.py qwen3-4b 4 2>&1 | tee -a $OUT/graph.txt
+  OVERHEAD_CKPT= timeout 150 python3 scripts/h200_graph.py qwen3-30b-a3b 4 4 2>&1 | tee -a $OUT/graph.txt
+elif [ "$1" = E ]; then
+  B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-4b"
+  for q in ${2:-0 4}; do
+    QA=""; [ "$q" != 0 ] && QA="--quantize $q"
+    timeout 250 $B --runs 3 $QA --json $OUT/bench_$q.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/bench_$q.txt
+  done
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
   timeout 400 $B --runs 3 --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt

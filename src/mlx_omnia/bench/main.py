@@ -42,6 +42,10 @@ def _progress(message: str) -> None:
 
 
 def _git_revision(tree: Path) -> str | None:
+    """`git describe` of the tree; OMNIA_BENCH_REVISION overrides it (a copied tree whose git
+    metadata is stale, as on a lent machine)."""
+    if os.environ.get("OMNIA_BENCH_REVISION"):
+        return os.environ["OMNIA_BENCH_REVISION"]
     try:
         rev = subprocess.run(
             ["git", "-C", str(tree), "describe", "--always", "--dirty"],
@@ -131,16 +135,22 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+DECODE_NOTE = ("decode = steps queued one ahead, as a generation loop runs them (the rate a "
+               "generation sustains); step = one step evaluated and waited on (its latency)")
+
+
 # -- the table ------------------------------------------------------------------------------
 @dataclass
 class Row:
     arm: str
     prefill_tok_s: float
-    decode_tok_s: float
+    decode_tok_s: float          # pipelined: steps queued one ahead, a generation loop's rate
+    step_tok_s: float            # 1 / the median latency of one waited step
     weight_bytes: int
     floor_tok_s: float | None
     prefill_ratio: float | None = None
     decode_ratio: float | None = None
+    step_ratio: float | None = None
 
     @property
     def floor_share(self) -> float | None:
@@ -154,7 +164,8 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 def table(rows: Sequence[Row], against: str) -> str:
     head = (
         "arm", "prefill tok/s", "decode tok/s", f"prefill vs {against}",
-        f"decode vs {against}", "weights MB", "floor tok/s", "% of floor",
+        f"decode vs {against}", "step tok/s", f"step vs {against}", "weights MB", "floor tok/s",
+        "% of floor",
     )
     body = [
         (
@@ -163,6 +174,8 @@ def table(rows: Sequence[Row], against: str) -> str:
             _fmt(r.decode_tok_s, ",.2f"),
             _fmt(r.prefill_ratio, ".3f", "x"),
             _fmt(r.decode_ratio, ".3f", "x"),
+            _fmt(r.step_tok_s, ",.2f"),
+            _fmt(r.step_ratio, ".3f", "x"),
             _fmt(r.weight_bytes / 1e6, ",.1f"),
             _fmt(r.floor_tok_s, ",.1f"),
             _fmt(None if r.floor_share is None else 100 * r.floor_share, ".1f", " %"),
@@ -186,6 +199,7 @@ def _ratios(rows: list[Row], baseline: str) -> None:
     for r in rows:
         r.prefill_ratio = r.prefill_tok_s / base.prefill_tok_s
         r.decode_ratio = r.decode_tok_s / base.decode_tok_s
+        r.step_ratio = r.step_tok_s / base.step_tok_s
 
 
 # -- interleaved ----------------------------------------------------------------------------
@@ -272,7 +286,8 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             rows.append(Row(
                 arm=arm.name,
                 prefill_tok_s=len(prompt) / _median([x.prefill_s for x in runs]),
-                decode_tok_s=1.0 / _median([x.decode_median_s for x in runs]),
+                decode_tok_s=1.0 / _median([x.decode_pipelined_s for x in runs]),
+                step_tok_s=1.0 / _median([x.decode_median_s for x in runs]),
                 weight_bytes=arm.weight_bytes,
                 floor_tok_s=bandwidth / arm.weight_bytes if arm.weight_bytes else None,
             ))
@@ -303,6 +318,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             )
         for note in notes:
             out(note)
+        out(DECODE_NOTE)
         out("")
         out(table(rows, baseline))
 
@@ -332,6 +348,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
                             "prefill_s": x.prefill_s,
                             "decode_median_s": x.decode_median_s,
                             "decode_step_s": x.decode_step_s,
+                            "decode_pipelined_s": x.decode_pipelined_s,
                         }
                         for x in results[arm.name]
                     ],
@@ -358,6 +375,8 @@ def _row_json(r: Row) -> dict[str, Any]:
         "arm": r.arm,
         "prefill_tok_s": r.prefill_tok_s,
         "decode_tok_s": r.decode_tok_s,
+        "step_tok_s": r.step_tok_s,
+        "step_ratio": r.step_ratio,
         "prefill_ratio": r.prefill_ratio,
         "decode_ratio": r.decode_ratio,
         "weight_bytes": r.weight_bytes,
@@ -501,7 +520,8 @@ def paired(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         rows.append(Row(
             arm=name,
             prefill_tok_s=len(prompt) / _median([float(x["prefill_s"]) for x in runs]),
-            decode_tok_s=1.0 / _median([_median(x["decode_step_s"]) for x in runs]),
+            decode_tok_s=1.0 / _median([float(x.get("decode_pipelined_s", "nan")) for x in runs]),
+            step_tok_s=1.0 / _median([_median(x["decode_step_s"]) for x in runs]),
             weight_bytes=weight_bytes,
             floor_tok_s=bandwidth / weight_bytes if weight_bytes else None,
         ))
@@ -513,6 +533,7 @@ def paired(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         f"runs {args.runs}  working {_git_revision(work_tree) or work_tree}  ref {args.ref}")
     out(f"copy bandwidth: {bandwidth / 1e9:,.1f} GB/s")
     out(f"check: decode argmax streams {'identical' if same else 'DIFFER'} between the trees")
+    out(DECODE_NOTE)
     out("")
     out(table(rows, "ref"))
     report: dict[str, Any] = {
