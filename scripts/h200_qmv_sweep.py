@@ -33,7 +33,7 @@ def run(out: str) -> None:
     from mlx_omnia.engine.core.kernels.qmv.cuda import CANDIDATES, QmvSpec, launcher, spec_fits
 
     meta: dict[str, dict[str, object]] = {}
-    for fmt in ("bf16", "q4"):
+    for fmt in os.environ.get("SWEEP_FMTS", "bf16,q4").split(","):
         bits, group = (None, None) if fmt == "bf16" else (4, 64)
         for shape, (rows, k, gated, norm, residual) in SHAPES.items():
             mats: list[list[mx.array]] = []

@@ -25,6 +25,11 @@ elif [ "$1" = G ]; then
   timeout 150 python3 scripts/h200_graph.py qwen3-4b 0 2>&1 | tee $OUT/graph.txt
   timeout 100 python3 scripts/h200_graph.py qwen3-4b 4 2>&1 | tee -a $OUT/graph.txt
   OVERHEAD_CKPT= timeout 150 python3 scripts/h200_graph.py qwen3-30b-a3b 4 4 2>&1 | tee -a $OUT/graph.txt
+elif [ "$1" = S ]; then
+  SWEEP_FMTS=${2:-q4} timeout 300 $NCU --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 scripts/h200_qmv_sweep.py run $OUT/sweep.json > $OUT/sweep.csv 2>$OUT/sweep.err
+  python3 scripts/h200_qmv_sweep.py report $OUT/sweep.csv $OUT/sweep.json 2>&1 | tee $OUT/sweep.txt
+  tail -3 $OUT/sweep.err
 elif [ "$1" = E ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-4b"
   for q in ${2:-0 4}; do

@@ -123,7 +123,7 @@ template <typename T> __device__ __forceinline__ float gelu_tanh_r(float g) {
 // ACT: 0 rows of up to three segments concatenated; 1 silu-gated, 2 gelu_tanh-gated (segment 0
 // the gate, segment 1 the up projection, N0 == N1 rows out).
 template <typename T, int BITS, int GROUP, int K, int N0, int N1, int N2, int R, int LPR,
-          int NWARPS, int UNROLL, bool NORM, int ACT, bool RESID>
+          int NWARPS, int UNROLL, int PREF, bool NORM, int ACT, bool RESID>
 __device__ __forceinline__ void qmv(
     const T* x, const void* w0, const T* s0, const T* b0, const void* w1, const T* s1,
     const T* b1, const void* w2, const T* s2, const T* b2, const T* g, const T* res, T* y0, T* y1, T* y2,
@@ -161,7 +161,10 @@ __device__ __forceinline__ void qmv(
   // The first chunks' weights are requested before the input is prepared: their latency
   // overlaps the preparation's.
   constexpr int PER_LANE = (CHUNKS + LPR - 1) / LPR;
-  constexpr int PF0 = R == 1 ? 2 : 1;
+  // PREF chunks per row (0: 2 for one row, else 1) are loaded before the input is staged; all of
+  // a lane's chunks when PREF >= PER_LANE (a short quantized row: the whole block's weights are
+  // in flight while it stages the input).
+  constexpr int PF0 = PREF > 0 ? PREF : R == 1 ? 2 : 1;
   constexpr int PF = PF0 < PER_LANE ? PF0 : PER_LANE;
   typename Row::Load pre[PF][R], pre2[PF][R];
 #pragma unroll
@@ -328,6 +331,7 @@ class Launch:
     rows: int = 1
     warps: int = 8
     unroll: int = 2
+    prefetch: int = 0   # chunks per row loaded before the input is staged (0: 2 for one row, else 1)
 
 
 # Launches the H200 sweep (scripts/h200_qmv_sweep.py) measures; tests/test_kernels_cuda.py checks
@@ -337,6 +341,9 @@ CANDIDATES: tuple[Launch, ...] = (
     Launch(32, 2, 8, 2), Launch(16, 1, 4, 2), Launch(16, 2, 4, 2), Launch(16, 1, 4, 4),
     Launch(16, 1, 8, 2), Launch(8, 1, 4, 2), Launch(8, 2, 4, 2), Launch(8, 1, 4, 4),
     Launch(4, 1, 4, 2),
+    # all of a lane's chunks (up to 16) in flight before the input is staged
+    Launch(16, 1, 8, 2, 16), Launch(32, 1, 8, 2, 16), Launch(16, 1, 4, 2, 16),
+    Launch(8, 1, 4, 2, 16), Launch(16, 2, 8, 2, 16), Launch(32, 1, 4, 2, 16),
 )
 
 
@@ -392,7 +399,8 @@ class QmvSpec:
         parts = [
             "omnia_qmv", str(self.dtype).split(".")[-1], fmt, f"k{self.k}",
             "n" + "_".join(map(str, self.rows)),
-            f"l{self.config.lanes}r{self.config.rows}w{self.config.warps}u{self.config.unroll}",
+            f"l{self.config.lanes}r{self.config.rows}w{self.config.warps}u{self.config.unroll}"
+            + (f"p{self.config.prefetch}" if self.config.prefetch else ""),
         ]
         if self.norm_eps is not None:
             parts.append("norm" + hashlib.sha1(repr(self.norm_eps).encode()).hexdigest()[:8])
@@ -418,7 +426,7 @@ class QmvSpec:
         cfg = self.config
         return (
             f"omnia::qmv<{t}, {bits}, {group}, {self.k}, {n[0]}, {n[1]}, {n[2]}, "
-            f"{cfg.rows}, {cfg.lanes}, {cfg.warps}, {cfg.unroll}, "
+            f"{cfg.rows}, {cfg.lanes}, {cfg.warps}, {cfg.unroll}, {cfg.prefetch}, "
             f"{flag(self.norm_eps is not None)}, {act}, "
             f"{flag(self.residual)}>(\n"
             f"    x, {arg('w0')}, {arg('s0')}, {arg('b0')}, {arg('w1')}, {arg('s1')}, "
@@ -463,6 +471,8 @@ def spec_fits(spec: QmvSpec) -> bool:
         return False
     cfg = spec.config
     if cfg.lanes not in (4, 8, 16, 32) or not 1 <= cfg.warps <= 32 or cfg.unroll < 1:
+        return False
+    if not 0 <= cfg.prefetch <= 16:
         return False
     if any(n % cfg.rows for n in spec.rows):
         return False
