@@ -34,11 +34,11 @@ elif [ "$1" = E ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-4b"
   for q in ${2:-0 4}; do
     QA=""; [ "$q" != 0 ] && QA="--quantize $q"
-    timeout 250 $B --runs 3 $QA --json $OUT/bench_$q.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/bench_$q.txt
+    timeout 220 $B --runs ${RUNS:-3} $QA --json $OUT/bench_$q.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/bench_$q.txt
   done
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
-  timeout 400 $B --runs 3 --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
+  timeout ${CT:-400} $B --runs ${RUNS:-3} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
 else
   for fmt in bf16 q4; do
     timeout 100 $NCU --clock-control none --metrics gpu__time_duration.sum --csv \

@@ -25,7 +25,6 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     route_fits,
     route_launcher,
 )
-from mlx_omnia.engine.core.mxcompat import reshape
 
 if TYPE_CHECKING:
     from mlx_omnia.engine.core.moe import DownCombine, ExpertLinear, GateUp, Route
@@ -51,9 +50,7 @@ def route_build(decl: Route) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
     def route(logits: mx.array) -> tuple[mx.array, mx.array]:
         if logits.size != decl.n_experts or logits.dtype not in CUDA_TYPES:
             return reference(logits)
-        weights, ids = route_launcher(route_spec(decl, logits.dtype))(logits)
-        lead = logits.shape[:-1]
-        return reshape(weights, *lead, decl.top_k), reshape(ids, *lead, decl.top_k)
+        return route_launcher(route_spec(decl, logits.dtype), tuple(logits.shape[:-1]))(logits)
 
     return route
 
@@ -135,8 +132,7 @@ def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
             or x.dtype != dtype or ids.dtype != mx.uint32
         ):
             return reference(x, ids)
-        out = experts_launcher(spec)([x, ids, *_weights(decl)])
-        return reshape(out, *ids.shape, decl.hidden_dims)
+        return experts_launcher(spec, tuple(ids.shape[:-1]))([x, ids, *_weights(decl)])
 
     return gate_up
 
@@ -162,8 +158,7 @@ def down_combine_build(decl: DownCombine) -> Callable[..., mx.array]:
         inputs = [h, ids, weights, *_weights(decl)]
         if residual is not None:
             inputs.append(residual)
-        out = experts_launcher(spec)(inputs)
-        return reshape(out, *h.shape[:-2], decl.output_dims)
+        return experts_launcher(spec, tuple(h.shape[:-2]))(inputs)
 
     return down_combine
 

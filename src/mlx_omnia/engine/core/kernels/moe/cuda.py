@@ -285,8 +285,11 @@ def route_fits(spec: RouteSpec) -> bool:
 
 
 @cache
-def route_launcher(spec: RouteSpec) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
-    """logits [E] -> (weights [k] in the logits' dtype, ids [k] uint32)."""
+def route_launcher(
+    spec: RouteSpec, lead: tuple[int, ...] = ()
+) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+    """logits [*lead, E] (one row) -> (weights [*lead, k] in the logits' dtype, ids [*lead, k]
+    uint32): the outputs come in the caller's shape, so no reshape follows the launch."""
     t = CUDA_TYPES[spec.dtype]
     kernel = cuda_kernel(
         spec.name(), ("logits",), ("weights", "ids"),
@@ -294,7 +297,7 @@ def route_launcher(spec: RouteSpec) -> Callable[[mx.array], tuple[mx.array, mx.a
         f"{flag(spec.normalize)}>(logits, weights, ids);\n",
         MOE_HEADER,
     )
-    shapes = [(spec.top_k,), (spec.top_k,)]
+    shapes = [(*lead, spec.top_k), (*lead, spec.top_k)]
     dtypes = [spec.dtype, mx.uint32]
 
     def call(logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -370,9 +373,12 @@ def experts_fits(spec: ExpertsSpec) -> bool:
 
 
 @cache
-def experts_launcher(spec: ExpertsSpec) -> Callable[[Sequence[mx.array]], mx.array]:
-    """gate_up: (x [in], ids [k], weights...) -> [k, hidden]; down: (h [k, in], ids [k],
-    routing weights [k], weights..., residual [out]?) -> [out]."""
+def experts_launcher(
+    spec: ExpertsSpec, lead: tuple[int, ...] = ()
+) -> Callable[[Sequence[mx.array]], mx.array]:
+    """gate_up: (x [in], ids [k], weights...) -> [*lead, k, hidden]; down: (h [k, in], ids [k],
+    routing weights [k], weights..., residual [out]?) -> [*lead, out] (one token: `lead` only
+    shapes the output as the caller wants it, so no reshape follows the launch)."""
     t = CUDA_TYPES[spec.dtype]
     bits, group = spec.bits or 0, spec.group_size or 1
     quant = spec.bits is not None
@@ -384,14 +390,14 @@ def experts_launcher(spec: ExpertsSpec) -> Callable[[Sequence[mx.array]], mx.arr
                   f"{spec.top_k}, {spec.lanes}, {WARPS}>(x, ids, {margs}, out);\n")
         pairs_per_block = WARPS * 32 // spec.lanes
         blocks = (spec.top_k * spec.rows + pairs_per_block - 1) // pairs_per_block
-        shape: tuple[int, ...] = (spec.top_k, spec.rows)
+        shape: tuple[int, ...] = (*lead, spec.top_k, spec.rows)
     else:
         names = ("h", "ids", "wts", *mats, *(("res",) if spec.residual else ()))
         source = (f"omnia::expert_down<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
                   f"{spec.lanes}, {WARPS}, {flag(spec.residual)}>(h, ids, wts, {margs}, "
                   f"{'res' if spec.residual else 'nullptr'}, out);\n")
         blocks = (spec.rows + WARPS - 1) // WARPS
-        shape = (spec.rows,)
+        shape = (*lead, spec.rows)
     kernel = cuda_kernel(spec.name(), names, ("out",), source, MOE_HEADER)
     grid, threads = (blocks * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
 
