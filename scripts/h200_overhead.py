@@ -45,7 +45,8 @@ def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float]:
     for t in range(steps):
         start = time.perf_counter()
         out, state = feed([5 + t % 100])
-        mx.async_eval(out, state)
+        del state  # held, a cache slice would turn an in-place cache update into a copy
+        mx.async_eval(out)
         queued = time.perf_counter()
         mx.eval(out)
         done = time.perf_counter()
@@ -53,10 +54,12 @@ def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float]:
         wait.append(done - start)
     start = time.perf_counter()
     pending, state = feed([7])
-    mx.async_eval(pending, state)
+    del state
+    mx.async_eval(pending)
     for t in range(steps):
         following, state = feed([9 + t % 100])
-        mx.async_eval(following, state)
+        del state
+        mx.async_eval(following)
         mx.eval(pending)
         pending = following
     mx.eval(pending)
@@ -82,11 +85,15 @@ def probe_model(shape: str, bits: int | None, layers: int | None, steps: int) ->
     with tempfile.TemporaryDirectory() as tmp:
         keep = os.environ.get("OVERHEAD_CKPT")  # reuse one checkpoint across processes
         target = Path(keep) if keep else Path(tmp) / "m"
+        # OVERHEAD_PREQUANTIZE=1 writes the checkpoint quantized (a MoE shape's bf16 weights
+        # would not fit the disk), and the arms load it as it is.
+        written = bits is not None and bool(os.environ.get("OVERHEAD_PREQUANTIZE"))
         if (target / "config.json").exists():
             path = target
         else:
-            path = shapes.build_checkpoint(name, target, dtype="bfloat16")
-        quant = None if bits is None else (bits, 64)
+            path = shapes.build_checkpoint(name, target, dtype="bfloat16",
+                                           quantize=(bits, 64) if written and bits else None)
+        quant = None if bits is None or written else (bits, 64)
         for arm_name in arms:
             if arm_name == "mlx-lm":
                 if measure.mlx_lm_importable() is None:
@@ -100,7 +107,7 @@ def probe_model(shape: str, bits: int | None, layers: int | None, steps: int) ->
                 # Model.generate's own loop: `steps` more tokens, prefill cancelled by the
                 # difference of two runs.
                 model = mlx_omnia.load(str(path), dtype="bfloat16",
-                                       quantize=None if bits is None else {"bits": bits, "group_size": 64})
+                                       quantize=None if quant is None else {"bits": bits, "group_size": 64})
                 prompt = "hello " * 64
                 times: list[float] = []
                 for n in (1, steps + 1, 1, steps + 1):

@@ -42,7 +42,7 @@ def run(fmt: str) -> None:
 
 
 def report(path: str) -> None:
-    rows = list(csv.reader(line for line in open(path) if line.startswith('"')))
+    rows = list(csv.reader(line for line in Path(path).read_text().splitlines() if line.startswith('"')))
     head = rows[0]
     ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
     scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # H200 session 6. D: where a decode step's time goes (scripts/h200_overhead.py): omnia and mlx-lm,
 # waited vs pipelined, and MLX's graph size (MLX_MAX_OPS_PER_BUFFER). T PATTERN: CUDA tests -k.
+# G: primitives per token (h200_graph.py). S: qmv launch sweep. E "0 4": the qwen3-4b benches.
+# M: the MoE step's host/GPU time. N: ncu stall reasons of the 4-bit gate/up GEMV.
 # B: per-kernel profile of a decode step (bf16, 4-bit), benches bf16 and 4-bit against mlx-lm.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -36,6 +38,17 @@ elif [ "$1" = E ]; then
     QA=""; [ "$q" != 0 ] && QA="--quantize $q"
     timeout 220 $B --runs ${RUNS:-3} $QA --json $OUT/bench_$q.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/bench_$q.txt
   done
+elif [ "$1" = M ]; then
+  # the MoE step's host and GPU time (48 layers, written 4-bit: the bf16 checkpoint would not fit)
+  OVERHEAD_PREQUANTIZE=1 OVERHEAD_SKIP_CHAIN=1 timeout 300 python3 scripts/h200_overhead.py \
+    qwen3-30b-a3b 4 2>&1 | tee $OUT/overhead_moe.txt
+elif [ "$1" = N ]; then
+  # why the 4-bit gate/up GEMV runs at ~1.4 TB/s: stall reasons and source counters
+  SWEEP_DEFAULTS=1 SWEEP_FMTS=q4 timeout 300 $NCU --clock-control none \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SourceCounters \
+    --section LaunchStats --kernel-name regex:'omnia_qmv_.*k2560_n9728_9728' \
+    python3 scripts/h200_qmv_sweep.py run $OUT/n.json > $OUT/ncu_gate_up_q4.txt 2>&1
+  grep -v '^==PROF==' $OUT/ncu_gate_up_q4.txt | head -150
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
   timeout ${CT:-400} $B --runs ${RUNS:-3} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt

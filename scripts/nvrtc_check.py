@@ -153,7 +153,8 @@ def build_moe() -> None:
                                          residual=True)):
                     if not experts_fits(spec):
                         continue
-                    def mats(n: int, kk: int) -> list[mx.array]:
+                    def mats(n: int, kk: int, bits: int | None = bits, group: int | None = group,
+                             dtype: mx.Dtype = dtype) -> list[mx.array]:
                         if bits is None:
                             return [mx.zeros((16, n, kk), dtype=dtype)]
                         return [mx.zeros((16, n, kk * bits // 32), dtype=mx.uint32),
