@@ -148,7 +148,9 @@ def build_moe() -> None:
             # qwen3-30b-a3b, olmoe, qwen2_moe-ish, a tiny test shape
             for hidden, inner, top in ((2048, 768, 8), (2048, 1024, 8), (2048, 1408, 4), (256, 64, 2)):
                 up = ExpertsSpec(dtype, hidden, inner, top, bits, group, gate_up=True)
-                for spec in (up, ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False),
+                up_norm = ExpertsSpec(dtype, hidden, inner, top, bits, group, gate_up=True,
+                                      norm_eps=1e-6)
+                for spec in (up, up_norm, ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False),
                              ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False,
                                          residual=True)):
                     if not experts_fits(spec):
@@ -163,6 +165,8 @@ def build_moe() -> None:
                     ids = mx.zeros((spec.top_k,), dtype=mx.uint32)
                     if spec.gate_up:
                         inputs = [mx.zeros((spec.k,), dtype=dtype), ids, *mats(2 * spec.rows, spec.k)]
+                        if spec.norm_eps is not None:
+                            inputs.append(mx.zeros((spec.k,), dtype=dtype))
                     else:
                         inputs = [mx.zeros((spec.top_k, spec.k), dtype=dtype), ids,
                                   mx.zeros((spec.top_k,), dtype=dtype), *mats(spec.rows, spec.k)]

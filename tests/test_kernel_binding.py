@@ -292,6 +292,29 @@ def test_experts_kernel_declines_a_declaration_differing_in_one_property(
     assert not experts_fits_decl(EXPERTS_DECLINED[case](cls))
 
 
+def _offset_norm_experts() -> GateUp | DownCombine:
+    n = OffsetRmsNorm(256)
+    n.weight = n.weight.astype(mx.bfloat16)
+    return experts(GateUp, norm=n)
+
+
+GATE_UP_NORM_DECLINED: dict[str, Callable[[], GateUp | DownCombine]] = {
+    "offset (Gemma) norm": _offset_norm_experts,
+    "norm weight float32": lambda: experts(GateUp, norm=norm(256, mx.float32)),
+    "norm over another width": lambda: experts(GateUp, norm=norm(128)),
+}
+
+
+def test_experts_kernel_accepts_a_declared_rms_norm() -> None:
+    for bits in (None, 4, 8):
+        assert experts_fits_decl(experts(GateUp, bits=bits, norm=norm(256)))
+
+
+@pytest.mark.parametrize("case", sorted(GATE_UP_NORM_DECLINED))
+def test_experts_kernel_declines_a_norm_differing_in_one_property(case: str) -> None:
+    assert not experts_fits_decl(GATE_UP_NORM_DECLINED[case]())
+
+
 def test_experts_kernel_declines_another_gate_activation() -> None:
     assert experts_fits_decl(experts(GateUp, activation="silu"))
     assert not experts_fits_decl(experts(GateUp, activation="gpt_oss_swiglu"))

@@ -345,6 +345,26 @@ def test_experts_match_core(shape: tuple[int, int, int, int], fmt: tuple[int | N
         assert rel_err(got, want) <= 8 * ULP[dtype]
 
 
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_experts_gate_up_with_norm_matches_core(fmt: tuple[int | None, int | None],
+                                                dtype: mx.Dtype) -> None:
+    """GateUp declaring the layer's RmsNorm: the kernel normalizes the staged input itself."""
+    d_in, hidden, n, k = 2048, 768, 128 if fmt[0] is not None else 16, 8
+    nrm = RmsNorm(d_in, 1e-6)
+    nrm.weight = (1 + 0.2 * mx.random.normal((d_in,))).astype(dtype)
+    gate_up = GateUp(n, d_in, hidden, norm=nrm)
+    make_experts(gate_up, fmt, dtype)
+    assert gate_up.bind() == "experts_cuda"
+    ids = distinct_ids(n, k).reshape(1, 1, k)
+    for seed in range(3):
+        mx.random.seed(seed)
+        x = (4 * mx.random.normal((1, 1, d_in))).astype(dtype)
+        got, want = gate_up(x, ids), gate_up.reference()(x, ids)
+        assert got.shape == want.shape == (1, 1, k, hidden)
+        assert rel_err(got, want) <= 8 * ULP[dtype]
+
+
 def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> None:
     """A qwen3_moe whose every declaration binds a kernel (4-bit): greedy tokens through the
     compiled kernel step agree with the core path's (assert_greedy_agrees)."""

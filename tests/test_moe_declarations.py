@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mlx_omnia.engine.core.binding import bind_layers
+from mlx_omnia.engine.core.layers import RmsNorm
 from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route, RouteOrder
 
 E, D, H, K = 8, 64, 32, 2
@@ -119,6 +120,22 @@ def test_gate_up_down_combine_match_numpy(bits: int | None) -> None:
     want = np_experts(x.astype(np.float64), ids, w.astype(np.float64), gu, dn)
     err = np.abs(np.array(y) - want).max() / np.abs(want).max()
     assert err < 2e-6, err
+
+
+def test_gate_up_declared_norm_normalizes_its_input_first() -> None:
+    """GateUp(norm=n)(x, ids) == GateUp(n(x), ids) with the same experts: the declared norm is
+    the layer's own (not owned: it adds no parameter)."""
+    plain, _, _, _ = make(None)
+    n = RmsNorm(D, 1e-6)
+    n.weight = mx.array(RNG.uniform(0.5, 1.5, (D,)).astype(np.float32))
+    normed = GateUp(E, D, H, norm=n)
+    normed.weight = plain.weight
+    bind_layers(normed)
+    assert "norm" not in dict(normed.parameters()) and "weight" in dict(normed.parameters())
+    x = mx.array(RNG.standard_normal((1, 3, D)).astype(np.float32))
+    ids = mx.array(np.stack([RNG.choice(E, K, replace=False) for _ in range(3)]).reshape(1, 3, K))
+    got, want = normed(x, ids), plain(n(x), ids)
+    assert np.array_equal(np.array(got), np.array(want))
 
 
 def test_quantize_dequantize_round_trip() -> None:

@@ -22,6 +22,7 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.kernels import moe as moe_kernels
+from mlx_omnia.engine.core.layers import RmsNorm
 from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
 
 RouteOrder = Literal["softmax_topk", "topk_softmax"]
@@ -198,9 +199,12 @@ class GateUp(ExpertLinear):
 
     Options: `bias` adds a per-expert bias [n_experts, 2 * hidden_dims] (same [G; U] order) to
     the projections; `activation` "gpt_oss_swiglu" computes, with g, u the projections,
-    (clip(u, -limit, limit) + 1) * min(g, limit) * sigmoid(alpha * min(g, limit))."""
+    (clip(u, -limit, limit) + 1) * min(g, limit) * sigmoid(alpha * min(g, limit)); `norm` (the
+    layer's RmsNorm, declared here, not owned) normalizes x first, so the experts take the
+    residual stream as it is and no separate norm runs for them."""
 
     implementations = (_GATE_UP_CUDA,)
+    _norm: RmsNorm | None
 
     def __init__(
         self,
@@ -212,8 +216,10 @@ class GateUp(ExpertLinear):
         activation: GateActivation = "silu",
         alpha: float = 1.702,
         limit: float = 7.0,
+        norm: RmsNorm | None = None,
     ) -> None:
         super().__init__(n_experts, input_dims, 2 * hidden_dims)
+        object.__setattr__(self, "_norm", norm)
         self.hidden_dims = hidden_dims
         if bias:
             self.bias = mx.zeros((n_experts, 2 * hidden_dims))
@@ -222,22 +228,30 @@ class GateUp(ExpertLinear):
         self.limit = limit
         self._bound: Callable[[mx.array, mx.array], mx.array] = self.reference()
 
+    @property
+    def norm(self) -> RmsNorm | None:
+        return self._norm
+
     def reference(self) -> Callable[[mx.array, mx.array], mx.array]:
-        select, hidden = self.select(), self.hidden_dims
+        select, hidden, norm = self.select(), self.hidden_dims, self.norm
         if self.has_bias or self.activation != "silu":
             return self._reference_options()
 
         def gate_up(x: mx.array, ids: mx.array) -> mx.array:
+            if norm is not None:
+                x = norm(x)
             y = select(mx.expand_dims(x, (-2, -3)), ids).squeeze(-2)
             return silu(y[..., :hidden]) * y[..., hidden:]
 
         return gate_up
 
     def _reference_options(self) -> Callable[[mx.array, mx.array], mx.array]:
-        select, hidden = self.select(), self.hidden_dims
+        select, hidden, norm = self.select(), self.hidden_dims, self.norm
         activation, alpha, limit = self.activation, self.alpha, self.limit
 
         def gate_up(x: mx.array, ids: mx.array) -> mx.array:
+            if norm is not None:
+                x = norm(x)
             y = select(mx.expand_dims(x, (-2, -3)), ids).squeeze(-2)
             if "bias" in self:
                 y = y + self.bias[ids]

@@ -58,34 +58,34 @@ class Qwen3MoeMLP(nn.Module):
 
 
 class Qwen3MoeExperts(nn.Module):
-    def __init__(self, cfg: Qwen3MoeConfig) -> None:
+    def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm) -> None:
         super().__init__()
         n, hidden, inner = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        self.gate_up_proj = GateUp(n, hidden, inner)
+        self.gate_up_proj = GateUp(n, hidden, inner, norm=norm)
         self.down_proj = DownCombine(n, inner, hidden)
 
-    def __call__(self, x: mx.array, ids: mx.array, weights: mx.array, residual: mx.array) -> mx.array:
-        return self.down_proj(self.gate_up_proj(x, ids), ids, weights, residual=residual)
+    def __call__(self, h: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
+        """h + the selected experts' MLPs of norm(h) (the norm is the gate/up projection's)."""
+        return self.down_proj(self.gate_up_proj(h, ids), ids, weights, residual=h)
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    _norm: RmsNorm
-
     def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm) -> None:
         super().__init__()
         self.gate = Linear(cfg.hidden_size, cfg.num_experts)
+        # the router reads the layer's post_attention_layernorm of h, as the experts do
+        self.router = Projections((self.gate,), norm=norm)
         self.route = Route(
             cfg.num_experts, cfg.num_experts_per_tok, order="softmax_topk",
             normalize=cfg.norm_topk_prob,
         )
-        self.experts = Qwen3MoeExperts(cfg)
-        object.__setattr__(self, "_norm", norm)  # the layer's post_attention_layernorm
+        self.experts = Qwen3MoeExperts(cfg, norm)
 
     def __call__(self, h: mx.array) -> mx.array:
         """h + the experts' MLP of norm(h)."""
-        x = self._norm(h)
-        weights, ids = self.route(self.gate(x))
-        return self.experts(x, ids, weights, residual=h)
+        (logits,) = self.router(h)
+        weights, ids = self.route(logits)
+        return self.experts(h, ids, weights)
 
 
 class Qwen3MoeDecoderLayer(nn.Module):

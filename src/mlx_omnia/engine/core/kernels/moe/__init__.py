@@ -4,7 +4,8 @@
 backend; Route with at most MAX_EXPERTS experts and MAX_TOP_K chosen (either order, either
 normalization); GateUp / DownCombine with affine (not mxfp4) expert matrices, dense in
 bf16/fp16 or 4/8-bit in groups of 32/64/128 (scales in the activation dtype), no per-expert
-bias, GateUp's activation silu. The bound calls run the kernels for one token (one row of
+bias, GateUp's activation silu and its declared norm (if any) a plain RmsNorm over the input in
+the activation dtype. The bound calls run the kernels for one token (one row of
 logits, one input row, k selected experts with uint32 ids as Route makes them) and hand anything
 else (prefill, other dtypes, more experts than the staged input holds) to the core."""
 
@@ -68,18 +69,30 @@ def expert_format(decl: ExpertLinear) -> tuple[mx.Dtype, int | None, int | None]
 
 
 def experts_spec(decl: GateUp | DownCombine, top_k: int, *, residual: bool = False) -> ExpertsSpec | None:
+    from mlx_omnia.engine.core.layers import RmsNorm
     from mlx_omnia.engine.core.moe import GateUp
 
     fmt = expert_format(decl)
     if fmt is None:
         return None
     dtype, bits, group = fmt
-    gate_up = isinstance(decl, GateUp)
-    if gate_up and decl.activation != "silu":
-        return None
-    rows = decl.hidden_dims if isinstance(decl, GateUp) else decl.output_dims
+    norm_eps: float | None = None
+    if isinstance(decl, GateUp):
+        if decl.activation != "silu":
+            return None
+        norm = decl.norm
+        if norm is not None:
+            # only a plain RMS norm over the input, its weight in the activation dtype
+            if (type(norm) is not RmsNorm or norm.weight.dtype != dtype
+                    or tuple(norm.weight.shape) != (decl.input_dims,)):
+                return None
+            norm_eps = norm.eps
+        rows = decl.hidden_dims
+    else:
+        rows = decl.output_dims
     return ExpertsSpec(dtype=dtype, k=decl.input_dims, rows=rows, top_k=top_k, bits=bits,
-                       group_size=group, gate_up=gate_up, residual=residual)
+                       group_size=group, gate_up=isinstance(decl, GateUp), residual=residual,
+                       norm_eps=norm_eps)
 
 
 def experts_fits_decl(decl: GateUp | DownCombine) -> bool:
@@ -132,7 +145,10 @@ def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
             or x.dtype != dtype or ids.dtype != mx.uint32
         ):
             return reference(x, ids)
-        return experts_launcher(spec, tuple(ids.shape[:-1]))([x, ids, *_weights(decl)])
+        inputs = [x, ids, *_weights(decl)]
+        if decl.norm is not None:
+            inputs.append(decl.norm.weight)
+        return experts_launcher(spec, tuple(ids.shape[:-1]))(inputs)
 
     return gate_up
 

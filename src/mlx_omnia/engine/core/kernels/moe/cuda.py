@@ -21,6 +21,7 @@ round them)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -38,52 +39,6 @@ MAX_ROWS_STAGED = 10240  # input values one block stages in shared memory (40 KB
 
 MOE_HEADER = QMV_HEADER + r"""
 namespace omnia {
-
-// Rows of input x [NROWS][K] staged in shared memory for QmvRow<T, BITS, GROUP, K>::dot: for
-// quantized weights as floats laid out [row][VPC / 4][CHUNKS] float4 (prescaled for 4 bits) with
-// each chunk's sum in xsum[row][CHUNKS]; for dense weights copied as T into xs [row][K].
-template <typename T, int BITS, int K, int NROWS>
-__device__ __forceinline__ void stage_rows(const T* x, float* xq, float* xsum, T* xs, int tid,
-                                           int nt) {
-  constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
-  constexpr int CHUNKS = K / VPC;
-  constexpr int XCH = K / 8;  // 16-byte pieces of one input row
-  const uint4* x4 = reinterpret_cast<const uint4*>(x);
-  if constexpr (BITS == 0) {
-    uint4* xs4 = reinterpret_cast<uint4*>(xs);
-    for (int i = tid; i < NROWS * XCH; i += nt) xs4[i] = x4[i];
-  } else {
-    constexpr int PARTS = VPC / 8;  // pieces of a chunk (consecutive threads)
-    for (int base = 0; base < NROWS * XCH; base += nt) {
-      const int i = base + tid;
-      float sum = 0.f;
-      if (i < NROWS * XCH) {
-        const int row = i / XCH, p = i % XCH;
-        float f[8];
-        unpack8<T>(x4[i], f);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sum += f[j];
-        const int c = p / PARTS, q0 = (p % PARTS) * 2;
-        float4* dst = reinterpret_cast<float4*>(xq + (size_t)row * K);
-        if constexpr (BITS == 4) {
-          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1] * prescale4(1), f[2] * prescale4(2),
-                                             f[3] * prescale4(3));
-          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5] * prescale4(1),
-                                                   f[6] * prescale4(2), f[7] * prescale4(3));
-        } else {
-          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1], f[2], f[3]);
-          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5], f[6], f[7]);
-        }
-      }
-      // PARTS divides XCH and the block size: a chunk's pieces sit in neighbouring lanes.
-#pragma unroll
-      for (int o = 1; o < PARTS; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-      if (i < NROWS * XCH && i % PARTS == 0) {
-        xsum[(i / XCH) * CHUNKS + (i % XCH) / PARTS] = sum;
-      }
-    }
-  }
-}
 
 // The staged inputs of chunk c of input row `row` (and their sum, for quantized weights).
 template <typename T, int BITS, int K>
@@ -170,10 +125,13 @@ __device__ __forceinline__ void route(const T* logits, T* weights, unsigned int*
 }
 
 // out[j][r] = rnd(act(rnd(x . G[ids[j]][r])) * rnd(x . U[ids[j]][r])), G and U the first and
-// last HID rows of each expert's stacked [2 * HID] rows. ACT 1: silu.
-template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS>
+// last HID rows of each expert's stacked [2 * HID] rows, act silu; NORM: x RMS-normalized
+// first (weight g, eps).
+template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS,
+          bool NORM>
 __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* ids,
-                                               const void* w, const T* s, const T* b, T* out) {
+                                               const void* w, const T* s, const T* b, T* out,
+                                               const T* g, float eps) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
@@ -192,7 +150,7 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   const int c0 = min(sl, CHUNKS - 1);
   const typename Row::Load g0 = Row::load(w, s, b, gate_row, c0);
   const typename Row::Load u0 = Row::load(w, s, b, up_row, c0);
-  stage_rows<T, BITS, K, 1>(x, xq, xsum, xs, tid, NT);
+  stage_rows<T, BITS, K, 1, NORM, NWARPS>(x, xq, xsum, xs, tid, NT, g, eps);
   __syncthreads();
   float xf[VPC];
   float ag = 0.f, au = 0.f;
@@ -321,6 +279,7 @@ class ExpertsSpec:
     group_size: int | None = None
     gate_up: bool = True
     residual: bool = False    # down only
+    norm_eps: float | None = None  # gate_up only: RMS-normalize the input first (weight input `g`)
 
     @property
     def values_per_chunk(self) -> int:
@@ -341,8 +300,10 @@ class ExpertsSpec:
     def name(self) -> str:
         fmt = "dense" if self.bits is None else f"q{self.bits}g{self.group_size}"
         kind = "gate_up" if self.gate_up else "down" + ("_res" if self.residual else "")
+        norm = ("_norm" + hashlib.sha1(repr(self.norm_eps).encode()).hexdigest()[:8]
+                if self.norm_eps is not None else "")
         return (f"omnia_experts_{kind}_{str(self.dtype).split('.')[-1]}_{fmt}_k{self.k}"
-                f"_n{self.rows}_top{self.top_k}")
+                f"_n{self.rows}_top{self.top_k}{norm}")
 
 
 WARPS = 8
@@ -354,7 +315,7 @@ def experts_fits(spec: ExpertsSpec) -> bool:
     memory."""
     if spec.dtype not in CUDA_TYPES or not 0 < spec.top_k <= MAX_TOP_K or spec.rows <= 0:
         return False
-    if spec.residual and spec.gate_up:
+    if (spec.residual and spec.gate_up) or (spec.norm_eps is not None and not spec.gate_up):
         return False
     if spec.bits is None:
         fmt_ok = spec.group_size is None
@@ -376,7 +337,7 @@ def experts_fits(spec: ExpertsSpec) -> bool:
 def experts_launcher(
     spec: ExpertsSpec, lead: tuple[int, ...] = ()
 ) -> Callable[[Sequence[mx.array]], mx.array]:
-    """gate_up: (x [in], ids [k], weights...) -> [*lead, k, hidden]; down: (h [k, in], ids [k],
+    """gate_up: (x [in], ids [k], weights..., norm weight [in]?) -> [*lead, k, hidden]; down: (h [k, in], ids [k],
     routing weights [k], weights..., residual [out]?) -> [*lead, out] (one token: `lead` only
     shapes the output as the caller wants it, so no reshape follows the launch)."""
     t = CUDA_TYPES[spec.dtype]
@@ -385,9 +346,12 @@ def experts_launcher(
     mats = ("w", "s", "b") if quant else ("w",)
     margs = "w, s, b" if quant else "w, nullptr, nullptr"
     if spec.gate_up:
-        names: tuple[str, ...] = ("x", "ids", *mats)
+        norm = spec.norm_eps is not None
+        names: tuple[str, ...] = ("x", "ids", *mats, *(("g",) if norm else ()))
+        eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
         source = (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
-                  f"{spec.top_k}, {spec.lanes}, {WARPS}>(x, ids, {margs}, out);\n")
+                  f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}>(x, ids, {margs}, out, "
+                  f"{'g' if norm else 'nullptr'}, {eps});\n")
         pairs_per_block = WARPS * 32 // spec.lanes
         blocks = (spec.top_k * spec.rows + pairs_per_block - 1) // pairs_per_block
         shape: tuple[int, ...] = (*lead, spec.top_k, spec.rows)

@@ -105,6 +105,100 @@ __device__ __forceinline__ float prescale4(int j) {
   return j % 4 == 0 ? 1.f : j % 4 == 1 ? 0.0625f : j % 4 == 2 ? 0.00390625f : 0.000244140625f;
 }
 
+// 1 / rms of one row of K values, for every thread of the block (NWARPS warps): the sum of
+// squares in float as mx.fast.rms_norm takes it, each warp's part, then the warps' in order.
+template <typename T, int K, int NWARPS>
+__device__ __forceinline__ float row_inv_rms(const T* x, float eps) {
+  __shared__ float red[NWARPS];
+  const int tid = threadIdx.x;
+  const uint4* x4 = reinterpret_cast<const uint4*>(x);
+  float ss = 0.f;
+  for (int i = tid; i < K / 8; i += NWARPS * 32) {
+    float f[8];
+    unpack8<T>(x4[i], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss = fmaf(f[j], f[j], ss);
+  }
+  ss = warp_sum(ss);
+  if ((tid & 31) == 0) red[tid >> 5] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < NWARPS; ++i) total += red[i];
+  return rsqrtf(total / K + eps);
+}
+
+// Eight normalized inputs, rounded as mx.fast.rms_norm rounds them: rnd(g * rnd(x * inv)).
+template <typename T>
+__device__ __forceinline__ void rms_scale8(float* f, uint4 g, float inv) {
+  float gf[8];
+  unpack8<T>(g, gf);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) f[j] = rnd<T>(gf[j] * rnd<T>(f[j] * inv));
+}
+
+// Rows of input x [NROWS][K] staged in shared memory for QmvRow<T, BITS, GROUP, K>::dot: for
+// quantized weights as floats laid out [row][VPC / 4][CHUNKS] float4 (prescaled for 4 bits) with
+// each chunk's sum in xsum[row][CHUNKS]; for dense weights copied as T into xs [row][K].
+// NORM (one row only): the row is RMS-normalized first with weight g, rounded as
+// mx.fast.rms_norm rounds (as the qmv kernel's prologue does); the block has NWARPS warps.
+template <typename T, int BITS, int K, int NROWS, bool NORM = false, int NWARPS = 8>
+__device__ __forceinline__ void stage_rows(const T* x, float* xq, float* xsum, T* xs, int tid,
+                                           int nt, const T* g = nullptr, float eps = 0.f) {
+  static_assert(!NORM || NROWS == 1, "the norm prologue stages one row");
+  constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
+  constexpr int CHUNKS = K / VPC;
+  constexpr int XCH = K / 8;  // 16-byte pieces of one input row
+  const uint4* x4 = reinterpret_cast<const uint4*>(x);
+  const uint4* g4 = reinterpret_cast<const uint4*>(g);
+  float inv = 1.f;
+  if constexpr (NORM) inv = row_inv_rms<T, K, NWARPS>(x, eps);
+  if constexpr (BITS == 0) {
+    uint4* xs4 = reinterpret_cast<uint4*>(xs);
+    for (int i = tid; i < NROWS * XCH; i += nt) {
+      if constexpr (NORM) {
+        float f[8];
+        unpack8<T>(x4[i], f);
+        rms_scale8<T>(f, g4[i], inv);
+        xs4[i] = pack8<T>(f);
+      } else {
+        xs4[i] = x4[i];
+      }
+    }
+  } else {
+    constexpr int PARTS = VPC / 8;  // pieces of a chunk (consecutive threads)
+    for (int base = 0; base < NROWS * XCH; base += nt) {
+      const int i = base + tid;
+      float sum = 0.f;
+      if (i < NROWS * XCH) {
+        const int row = i / XCH, p = i % XCH;
+        float f[8];
+        unpack8<T>(x4[i], f);
+        if constexpr (NORM) rms_scale8<T>(f, g4[i], inv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum += f[j];
+        const int c = p / PARTS, q0 = (p % PARTS) * 2;
+        float4* dst = reinterpret_cast<float4*>(xq + (size_t)row * K);
+        if constexpr (BITS == 4) {
+          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1] * prescale4(1), f[2] * prescale4(2),
+                                             f[3] * prescale4(3));
+          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5] * prescale4(1),
+                                                   f[6] * prescale4(2), f[7] * prescale4(3));
+        } else {
+          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1], f[2], f[3]);
+          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+      }
+      // PARTS divides XCH and the block size: a chunk's pieces sit in neighbouring lanes.
+#pragma unroll
+      for (int o = 1; o < PARTS; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      if (i < NROWS * XCH && i % PARTS == 0) {
+        xsum[(i / XCH) * CHUNKS + (i % XCH) / PARTS] = sum;
+      }
+    }
+  }
+}
+
 // silu(g) = g * sigmoid(g), each op rounded to T by the caller's rnd.
 template <typename T> __device__ __forceinline__ float silu_r(float g) {
   const float s = rnd<T>(1.f / (1.f + expf(-g)));
@@ -130,7 +224,6 @@ __device__ __forceinline__ void qmv(
     float eps) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
-  constexpr int XCH = K / 8;  // 16-byte chunks of the input
   constexpr int ROWS = ACT == 0 ? N0 + N1 + N2 : N0;
   constexpr int NT = NWARPS * 32;
   // Quantized weights take the input as floats in shared memory, already prescaled, laid out
@@ -140,7 +233,6 @@ __device__ __forceinline__ void qmv(
   __shared__ __align__(16) float xq[XF ? K : 4];
   __shared__ float xsum[XF ? CHUNKS : 1];
   __shared__ __align__(16) T xs[XF ? 8 : K];
-  __shared__ float red[NWARPS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   // This lane's rows. Each warp holds 32 / LPR groups of LPR lanes; a group computes R whole
@@ -177,71 +269,12 @@ __device__ __forceinline__ void qmv(
     }
   }
 
-  const uint4* x4 = reinterpret_cast<const uint4*>(x);
-  float inv = 1.f;
-  if constexpr (NORM) {
-    float ss = 0.f;
-    for (int i = tid; i < XCH; i += NT) {
-      float f[8];
-      unpack8<T>(x4[i], f);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss = fmaf(f[j], f[j], ss);
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int i = 0; i < NWARPS; ++i) total += red[i];
-    inv = rsqrtf(total / K + eps);
-  }
-  const uint4* g4 = reinterpret_cast<const uint4*>(g);
+  // Quantized weights take the input staged as floats (XF), dense ones (and inputs too wide for
+  // that) as T: stage_rows<T, 0, ...> copies it as T.
   if constexpr (XF) {
-    constexpr int PARTS = VPC / 8;  // 8-value pieces of a chunk (consecutive lanes)
-    for (int base = 0; base < XCH; base += NT) {
-      const int i = base + tid;
-      float f[8];
-      float sum = 0.f;
-      if (i < XCH) {
-        unpack8<T>(x4[i], f);
-        if constexpr (NORM) {
-          float gf[8];
-          unpack8<T>(g4[i], gf);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) f[j] = rnd<T>(gf[j] * rnd<T>(f[j] * inv));
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) sum += f[j];
-        const int c = i / PARTS, q0 = (i % PARTS) * 2;
-        float4* dst = reinterpret_cast<float4*>(xq);
-        if constexpr (BITS == 4) {
-          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1] * prescale4(1), f[2] * prescale4(2),
-                                             f[3] * prescale4(3));
-          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5] * prescale4(1),
-                                                   f[6] * prescale4(2), f[7] * prescale4(3));
-        } else {
-          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1], f[2], f[3]);
-          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5], f[6], f[7]);
-        }
-      }
-#pragma unroll
-      for (int o = 1; o < PARTS; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-      if (i < XCH && i % PARTS == 0) xsum[i / PARTS] = sum;
-    }
+    stage_rows<T, BITS, K, 1, NORM, NWARPS>(x, xq, xsum, xs, tid, NT, g, eps);
   } else {
-    uint4* xs4 = reinterpret_cast<uint4*>(xs);
-    for (int i = tid; i < XCH; i += NT) {
-      if constexpr (NORM) {
-        float f[8], gf[8];
-        unpack8<T>(x4[i], f);
-        unpack8<T>(g4[i], gf);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = gf[j] * rnd<T>(f[j] * inv);
-        xs4[i] = pack8<T>(f);
-      } else {
-        xs4[i] = x4[i];
-      }
-    }
+    stage_rows<T, 0, K, 1, NORM, NWARPS>(x, xq, xsum, xs, tid, NT, g, eps);
   }
   __syncthreads();
   if ((blockIdx.x * NWARPS + warp) * GPW * R >= ROWS) return;  // the whole warp is past the end
