@@ -144,6 +144,21 @@ def build_moe() -> None:
             spec = RouteSpec(dtype, e, k, first, norm)
             if route_fits(spec):
                 route_launcher(spec)(mx.zeros((e,), dtype=dtype))
+        from mlx_omnia.engine.core.kernels.moe.cuda import routed_fits, routed_launcher
+        from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
+
+        for e, k, (bits, group) in ((128, 8, (4, 64)), (128, 8, (None, None)), (60, 4, (4, 64)),
+                                    (128, 8, (8, 64)), (64, 8, (4, 64))):
+            route = RouteSpec(dtype, e, k, False, True)
+            router = QmvSpec(dtype=dtype, k=2048, rows=(e,), bits=bits, group_size=group,
+                             norm_eps=1e-6)
+            if routed_fits(route, router):
+                w = ([mx.zeros((e, 2048), dtype=dtype)] if bits is None else
+                     [mx.zeros((e, 2048 * bits // 32), dtype=mx.uint32),
+                      mx.zeros((e, 2048 // group), dtype=dtype),  # type: ignore[operator]
+                      mx.zeros((e, 2048 // group), dtype=dtype)])  # type: ignore[operator]
+                routed_launcher(route, router)([mx.zeros((2048,), dtype=dtype), *w,
+                                                mx.zeros((2048,), dtype=dtype)])
         for bits, group in ((None, None), (4, 32), (4, 64), (8, 64)):
             # qwen3-30b-a3b, olmoe, qwen2_moe-ish, a tiny test shape
             for hidden, inner, top in ((2048, 768, 8), (2048, 1024, 8), (2048, 1408, 4), (256, 64, 2)):

@@ -66,6 +66,6 @@ def test_routing_renormalizes() -> None:
     block = net.model.layers[0].mlp
     assert isinstance(block, Qwen3MoeSparseMoeBlock)
     x = mx.random.normal((5, 64), key=mx.random.key(0))
-    weights, ids = block.route(block.gate(x))
+    weights, ids = block.route(x)  # the router reads h (its norm, then the gate)
     assert ids.shape == (5, 2)
     assert mx.allclose(weights.sum(axis=-1), mx.ones((5,)), atol=1e-6).item()

@@ -20,6 +20,7 @@ from mlx_omnia.engine.core.kernels.moe import (
     experts_fits_decl,
     route_applies,
     route_fits_decl,
+    routed_spec,
 )
 from mlx_omnia.engine.core.kernels.qmv import (
     linear_applies,
@@ -266,6 +267,52 @@ EXPERTS_DECLINED: dict[str, Callable[[type[GateUp] | type[DownCombine]], GateUp 
     "input width not a multiple of 8": lambda c: experts(c, d_in=252),
     "input width past the shared-memory stage": lambda c: experts(c, d_in=16384),
 }
+
+
+def routed(n: int = 128, *, router_norm: RmsNorm | OffsetRmsNorm | None = None,
+           **lin: object) -> Route:
+    """Route(n, 8) declaring its router: one Linear(256, n) after an RMS norm."""
+    router = Projections([linear(256, n, **lin)], norm=router_norm or norm(256))  # type: ignore[arg-type]
+    return Route(n, 8, normalize=True, router=router)
+
+
+def _offset_routed() -> Route:
+    n = OffsetRmsNorm(256)
+    n.weight = n.weight.astype(mx.bfloat16)
+    return routed(router_norm=n)
+
+
+ROUTED_ACCEPTED: dict[str, Callable[[], Route]] = {
+    "dense bf16 router after a norm": lambda: routed(),
+    "4-bit router": lambda: routed(bits=4),
+    "8-bit g32 router": lambda: routed(bits=8, group_size=32),
+    "dense fp16 router": lambda: routed(dtype=mx.float16, router_norm=norm(256, mx.float16)),
+    "60 experts": lambda: routed(60),
+    "128 experts, 8-bit": lambda: routed(128, bits=8),
+}
+ROUTED_DECLINED: dict[str, Callable[[], Route]] = {
+    "a router bias": lambda: routed(bias=True),
+    "129 experts (one block's rows)": lambda: routed(129),
+    "offset (Gemma) norm": _offset_routed,
+    "router float32": lambda: routed(dtype=mx.float32, router_norm=norm(256, mx.float32)),
+    "norm weight of another dtype": lambda: routed(router_norm=norm(256, mx.float16)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUTED_ACCEPTED))
+def test_route_kernel_fuses_the_router_it_computes(case: str) -> None:
+    decl = ROUTED_ACCEPTED[case]()
+    assert route_fits_decl(decl) and routed_spec(decl) is not None
+
+
+@pytest.mark.parametrize("case", sorted(ROUTED_DECLINED))
+def test_route_kernel_declines_a_router_differing_in_one_property(case: str) -> None:
+    assert routed_spec(ROUTED_DECLINED[case]()) is None
+
+
+def test_a_router_is_one_ungated_projection() -> None:
+    with pytest.raises(ValueError, match="one projection"):
+        Route(8, 2, router=Projections([linear(), linear()], gate="silu"))
 
 
 @pytest.mark.parametrize("case", sorted(ROUTE_ACCEPTED))

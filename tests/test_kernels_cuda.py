@@ -314,6 +314,37 @@ def test_route_matches_core(n: int, k: int, order: RouteOrder, normalize: bool,
         assert np.abs(got - want).max() <= 2 * ULP[dtype] * max(np.abs(want).max(), 1e-3)
 
 
+@pytest.mark.parametrize(("n", "k"), [(128, 8), (60, 4), (64, 8)])
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_routed_matches_router_then_route(n: int, k: int, fmt: tuple[int | None, int | None],
+                                          dtype: mx.Dtype) -> None:
+    """Route declaring its router (norm + gate): the one-block launch equals the router's
+    logits computed by the qmv kernel with the same launch, then the route kernel (bit for
+    bit), and those logits match the core's within the matmul rounding."""
+    from mlx_omnia.engine.core.kernels.moe import routed_spec
+    from mlx_omnia.engine.core.kernels.moe.cuda import route_launcher, routed_qmv
+
+    gate, nrm = make_linear(2048, n, fmt, dtype), make_norm(2048, dtype)
+    router = Projections([gate], norm=nrm)
+    route = Route(n, k, normalize=True, router=router)
+    assert route.bind() == "route_cuda"
+    fused = routed_spec(route)
+    assert fused is not None
+    weights = [gate.weight] if gate.bits is None else [gate.weight, gate.scales, gate.biases]
+    for seed in range(3):
+        mx.random.seed(seed)
+        h = (3 * mx.random.normal((1, 1, 2048))).astype(dtype)
+        w, ids = route(h)
+        logits = launcher(routed_qmv(fused[1], n), (1, 1))([h, *weights, nrm.weight])[0]
+        rw, rids = route_launcher(fused[0], (1, 1))(logits)
+        assert w.shape == ids.shape == (1, 1, k) and ids.dtype == mx.uint32
+        assert np.array_equal(np.array(ids), np.array(rids))
+        assert np.array_equal(np.array(w.astype(mx.float32)), np.array(rw.astype(mx.float32)))
+        (core_logits,) = router.reference()(h)
+        assert rel_err(logits, core_logits) <= 8 * ULP[dtype]
+
+
 EXPERT_SHAPES = [(2048, 768, 128, 8), (256, 64, 8, 2), (512, 1408, 16, 4)]  # in, hidden, E, k
 
 

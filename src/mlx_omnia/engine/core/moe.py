@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.kernels import moe as moe_kernels
-from mlx_omnia.engine.core.layers import RmsNorm
+from mlx_omnia.engine.core.layers import Projections, RmsNorm
 from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
 
 RouteOrder = Literal["softmax_topk", "topk_softmax"]
@@ -37,23 +37,50 @@ class Route(Declaration):
     order "softmax_topk": softmax over every expert, keep the k largest probabilities, and
     renormalize them to sum to one when `normalize`. order "topk_softmax": keep the k largest
     logits and softmax over those (equal to softmax_topk with normalize, in other arithmetic).
-    The softmax runs in float32; weights come back in the logits' dtype."""
+    The softmax runs in float32; weights come back in the logits' dtype.
+
+    `router` (the family's router projection, declared here, not owned: one Projections matrix
+    of n_experts rows, optionally after the layer's norm) makes the call take the router's input
+    h instead of its logits: route(h) = top-k routing of router(h). A kernel may then compute
+    the logits and the routing in one launch."""
 
     implementations = (_ROUTE_CUDA,)
+    _router: Projections | None
 
     def __init__(
-        self, n_experts: int, top_k: int, *, order: RouteOrder = "softmax_topk", normalize: bool = False
+        self, n_experts: int, top_k: int, *, order: RouteOrder = "softmax_topk",
+        normalize: bool = False, router: Projections | None = None,
     ) -> None:
         super().__init__()
         if not 0 < top_k <= n_experts:
             raise ValueError(f"top_k {top_k} must be in 1..{n_experts}")
+        if router is not None and (len(router.matrices) != 1 or router.gate is not None):
+            raise ValueError("a router is one projection, not gated")
+        object.__setattr__(self, "_router", router)
         self.n_experts = n_experts
         self.top_k = top_k
         self.order: RouteOrder = order
         self.normalize = normalize
         self._bound: Callable[[mx.array], tuple[mx.array, mx.array]] = self.reference()
 
+    @property
+    def router(self) -> Projections | None:
+        return self._router
+
     def reference(self) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+        route = self.reference_logits()
+        router = self.router
+        if router is None:
+            return route
+
+        def routed(h: mx.array) -> tuple[mx.array, mx.array]:
+            (logits,) = router(h)
+            return route(logits)
+
+        return routed
+
+    def reference_logits(self) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+        """The core routing of router logits (what `reference` runs after the router)."""
         k, order, normalize = self.top_k, self.order, self.normalize
 
         def top(values: mx.array) -> mx.array:
@@ -74,8 +101,9 @@ class Route(Declaration):
 
         return route
 
-    def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array]:
-        return self._bound(logits)
+    def __call__(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """Routing of logits x, or of router(x) when a router is declared."""
+        return self._bound(x)
 
 
 class ExpertLinear(Declaration):

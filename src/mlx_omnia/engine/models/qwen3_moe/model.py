@@ -77,14 +77,13 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         self.router = Projections((self.gate,), norm=norm)
         self.route = Route(
             cfg.num_experts, cfg.num_experts_per_tok, order="softmax_topk",
-            normalize=cfg.norm_topk_prob,
+            normalize=cfg.norm_topk_prob, router=self.router,
         )
         self.experts = Qwen3MoeExperts(cfg, norm)
 
     def __call__(self, h: mx.array) -> mx.array:
         """h + the experts' MLP of norm(h)."""
-        (logits,) = self.router(h)
-        weights, ids = self.route(logits)
+        weights, ids = self.route(h)
         return self.experts(h, ids, weights)
 
 

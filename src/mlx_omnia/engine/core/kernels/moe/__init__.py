@@ -25,7 +25,10 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     experts_launcher,
     route_fits,
     route_launcher,
+    routed_fits,
+    routed_launcher,
 )
+from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
 
 if TYPE_CHECKING:
     from mlx_omnia.engine.core.moe import DownCombine, ExpertLinear, GateUp, Route
@@ -45,15 +48,45 @@ def route_applies(decl: Route) -> bool:
     return cuda_backend() and route_fits_decl(decl)
 
 
+def routed_spec(decl: Route) -> tuple[RouteSpec, QmvSpec] | None:
+    """(routing, router GEMV) for the one-launch router + routing, or None when the declared
+    router is not one the kernel computes (a bias, a mixed format, Gemma's norm, over
+    ROUTED_MAX_EXPERTS rows)."""
+    from mlx_omnia.engine.core.kernels.qmv import projections_spec
+
+    if decl.router is None:
+        return None
+    router = projections_spec(decl.router)
+    if router is None:
+        return None
+    spec = route_spec(decl, router.dtype)
+    return (spec, router) if routed_fits(spec, router) else None
+
+
 def route_build(decl: Route) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
-    reference = decl.reference()
+    reference_logits = decl.reference_logits()
 
     def route(logits: mx.array) -> tuple[mx.array, mx.array]:
         if logits.size != decl.n_experts or logits.dtype not in CUDA_TYPES:
-            return reference(logits)
+            return reference_logits(logits)
         return route_launcher(route_spec(decl, logits.dtype), tuple(logits.shape[:-1]))(logits)
 
-    return route
+    router = decl.router
+    if router is None:
+        return route
+    fused = routed_spec(decl)
+
+    def routed(h: mx.array) -> tuple[mx.array, mx.array]:
+        if fused is not None and h.size == fused[1].k and h.dtype == fused[1].dtype:
+            m = router.matrices[0]
+            inputs = [h, *([m.weight] if m.bits is None else [m.weight, m.scales, m.biases])]
+            if router.norm is not None:
+                inputs.append(router.norm.weight)
+            return routed_launcher(*fused, tuple(h.shape[:-1]))(inputs)
+        (logits,) = router(h)  # the router's own binding, then the routing kernel
+        return route(logits)
+
+    return routed
 
 
 def expert_format(decl: ExpertLinear) -> tuple[mx.Dtype, int | None, int | None] | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -31,7 +31,7 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.kernels import cuda_kernel
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, flag
-from mlx_omnia.engine.core.kernels.qmv.cuda import QMV_HEADER
+from mlx_omnia.engine.core.kernels.qmv.cuda import QMV_HEADER, Launch, QmvSpec, spec_fits
 
 MAX_EXPERTS = 512  # router width one warp holds in registers (16 logits per lane)
 MAX_TOP_K = 32     # selected experts: one lane group each in the combine
@@ -262,6 +262,65 @@ def route_launcher(
         out: Any = kernel(inputs=[logits], output_shapes=shapes, output_dtypes=dtypes,
                           grid=(32, 1, 1), threadgroup=(32, 1, 1))
         return out[0], out[1]
+
+    return call
+
+
+ROUTED_WARPS = 16  # 512 threads: up to 128 registers a thread still launch
+ROUTED_MAX_EXPERTS = 128  # router rows one block computes (16 warps of 8 groups of 4 lanes)
+
+
+def routed_qmv(router: QmvSpec, n_experts: int) -> QmvSpec:
+    """The router GEMV as one block: the most lanes per row (of 32, 16, 8, 4) that still cover
+    n_experts rows with at most ROUTED_WARPS warps, every warp holding at least one row, and
+    8 chunks per row requested before the input is staged (a 4-bit row of 2048 inputs on 4
+    lanes is 16 chunks a lane: two memory round trips; 83 registers a thread here, well under
+    the 128 that 512 threads allow)."""
+    lanes = next((n for n in (32, 16, 8, 4) if -(-n_experts // (32 // n)) <= ROUTED_WARPS), 4)
+    warps = -(-n_experts // (32 // lanes))
+    return replace(router, launch=Launch(lanes=lanes, rows=1, warps=warps, unroll=2, prefetch=8))
+
+
+def routed_fits(route: RouteSpec, router: QmvSpec) -> bool:
+    """The router (one bias-free projection, optionally after an RMS norm) and the routing in
+    one block: the qmv kernel computes the logits, then one warp routes them."""
+    one = routed_qmv(router, route.n_experts)
+    return (
+        route_fits(route)
+        and route.n_experts <= ROUTED_MAX_EXPERTS
+        and router.rows == (route.n_experts,)
+        and router.gate is None
+        and not router.residual
+        and router.dtype == route.dtype
+        and spec_fits(one)
+    )
+
+
+@cache
+def routed_launcher(
+    route: RouteSpec, router: QmvSpec, lead: tuple[int, ...] = ()
+) -> Callable[[Sequence[mx.array]], tuple[mx.array, mx.array]]:
+    """(h [*lead, in] (one row), the router's weights..., norm weight?) -> (weights [*lead, k],
+    ids [*lead, k] uint32): one block computes the router logits (qmv, y0, also an output of
+    the launch) and, after a barrier, its first warp routes them."""
+    one = routed_qmv(router, route.n_experts)
+    t = CUDA_TYPES[route.dtype]
+    source = (
+        one.source()
+        + "__threadfence_block();\n__syncthreads();\n"
+        + f"if (threadIdx.x < 32) omnia::route<{t}, {route.n_experts}, {route.top_k}, "
+        + f"{int(route.topk_first)}, {flag(route.normalize)}>(y0, weights, ids);\n"
+    )
+    kernel = cuda_kernel(f"{route.name()}__{one.name()}", one.input_names(),
+                         ("y0", "weights", "ids"), source, MOE_HEADER)
+    shapes = [(*lead, route.n_experts), (*lead, route.top_k), (*lead, route.top_k)]
+    dtypes = [route.dtype, route.dtype, mx.uint32]
+    threads = one.config.warps * 32
+
+    def call(inputs: Sequence[mx.array]) -> tuple[mx.array, mx.array]:
+        out: Any = kernel(inputs=list(inputs), output_shapes=shapes, output_dtypes=dtypes,
+                          grid=(threads, 1, 1), threadgroup=(threads, 1, 1))
+        return out[1], out[2]
 
     return call
 
