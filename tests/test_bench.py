@@ -201,3 +201,12 @@ def test_margin_check_excuses_only_near_ties() -> None:
     check = bench.margin_check(ours, theirs)
     assert check["decode_logit_noise"] == pytest.approx(0.01)
     assert (check["disagree_within_noise"], check["disagree_beyond_noise"]) == (1, 1)
+
+
+def test_margin_check_counts_the_steps_the_argmaxes_disagree_on() -> None:
+    # An exact tie in the top logits (step 2): the arms' argmax (lowest id, as mx.argmax picks)
+    # agree, so it is no disagreement even though each dict's own max could name either token.
+    ours = [{1: 2.0, 2: 1.0}, {3: 1.0, 4: 1.0}]
+    theirs = [{1: 2.0, 2: 1.0}, {4: 1.0, 3: 1.0}]
+    check = bench.margin_check(ours, theirs, ([1, 3], [1, 3]))
+    assert (check["disagree_within_noise"], check["disagree_beyond_noise"]) == (0, 0)

@@ -385,25 +385,32 @@ def _row_json(r: Row) -> dict[str, Any]:
     }
 
 
-def margin_check(ours: Sequence[dict[int, float]], theirs: Sequence[dict[int, float]]) -> dict[str, Any]:
+def margin_check(
+    ours: Sequence[dict[int, float]], theirs: Sequence[dict[int, float]],
+    picks: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> dict[str, Any]:
     """Argmax disagreements weighed by the other arm's top-2 margin (the issue's criterion).
 
     Noise: the largest |difference| of one token's logit between the two arms, over the tokens
     both have among their top logits, over the steps where both pick the same token (the
     dtype's measured rounding noise on the logits that matter; 0 when no step agrees). A
     disagreement is within noise when the other arm's top-2 margin at that step is at most the
-    noise: the arms rank two near-tied tokens differently."""
+    noise: the arms rank two near-tied tokens differently. `picks` (each arm's argmax per
+    step, as the agreement count uses them) decides which steps disagree; without it, the top of
+    each step's logits does (an exact tie there may pick either token)."""
+    if picks is None:
+        picks = ([max(a, key=a.__getitem__) if a else -1 for a in ours],
+                 [max(b, key=b.__getitem__) if b else -1 for b in theirs])
+    same = [x == y for x, y in zip(*picks, strict=True)]
     noise = 0.0
-    for a, b in zip(ours, theirs, strict=True):
-        if not a or not b or max(a, key=a.__getitem__) != max(b, key=b.__getitem__):
+    for a, b, agree in zip(ours, theirs, same, strict=True):
+        if not a or not b or not agree:
             continue
         for token in a.keys() & b.keys():
             noise = max(noise, abs(a[token] - b[token]))
     within = beyond = 0
-    for a, b in zip(ours, theirs, strict=True):
-        if not a or not b:
-            continue
-        if max(a, key=a.__getitem__) == max(b, key=b.__getitem__):
+    for a, b, agree in zip(ours, theirs, same, strict=True):
+        if not a or not b or agree:
             continue
         top2 = sorted(b.values(), reverse=True)[:2]
         if top2[0] - top2[1] <= noise:
@@ -427,7 +434,8 @@ def _checks(first: str, results: dict[str, list[measure.RunResult]]) -> dict[str
         checks[name] = {
             "steps": len(ref.decode_argmax),
             "argmax_agree": agree,
-            **margin_check(ref.decode_top, run.decode_top),
+            **margin_check(ref.decode_top, run.decode_top,
+                           (ref.decode_argmax, run.decode_argmax)),
             "prefill_last_argmax": [
                 int(np.argmax(ref.prefill_last_logits)), int(np.argmax(run.prefill_last_logits))
             ],
