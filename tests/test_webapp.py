@@ -284,6 +284,28 @@ def test_stop_interrupts_a_long_answer(server: LiveServer, page: Any) -> None:
     assert answer_text(follow).strip()
 
 
+def test_a_message_sent_before_the_model_list_arrives_names_the_model(
+    server: LiveServer, page: Any
+) -> None:
+    """The model list (/admin/models) is held back until the message is sent: the app fetches
+    it before it posts, so the request names the default model instead of none (HTTP 400)."""
+    held: list[Any] = []
+    page.route("**/admin/models", lambda route: held.append(route))
+    page.goto(server.url)
+    page.get_by_label("Max tokens").fill("4")
+    answer = send(page, "Say hi.")
+    deadline = time.monotonic() + 10
+    while len(held) < 2:  # the page's own load, then the one the send waits on
+        assert time.monotonic() < deadline, len(held)
+        page.wait_for_timeout(50)
+    for route in held:
+        route.continue_()
+    page.unroute("**/admin/models")
+    wait_answer(page, answer)
+    expect(answer.locator(".error")).to_be_hidden()
+    assert answer_text(answer).strip()
+
+
 def test_switching_to_another_model_answers_from_it(
     server: LiveServer, page: Any, tiny: str
 ) -> None:

@@ -190,6 +190,9 @@ function requestBody(conversation, model) {
 
 async function send(text) {
   if (streaming || !text.trim()) return;
+  // Sent before the model list arrived: fetch it first, so the request names the model.
+  if (!ui.model.value) await refreshModels();
+  if (streaming) return;
   const conversation = store.current() ?? store.create();
   const model = ui.model.value || undefined;
   conversation.messages.push({ role: "user", content: text });

@@ -217,7 +217,7 @@ template <typename T> __device__ __forceinline__ float gelu_tanh_r(float g) {
 // ACT: 0 rows of up to three segments concatenated; 1 silu-gated, 2 gelu_tanh-gated (segment 0
 // the gate, segment 1 the up projection, N0 == N1 rows out).
 template <typename T, int BITS, int GROUP, int K, int N0, int N1, int N2, int R, int LPR,
-          int NWARPS, int UNROLL, int PREF, bool NORM, int ACT, bool RESID>
+          int NWARPS, int UNROLL, int PREF, int LOOP, bool NORM, int ACT, bool RESID>
 __device__ __forceinline__ void qmv(
     const T* x, const void* w0, const T* s0, const T* b0, const void* w1, const T* s1,
     const T* b1, const void* w2, const T* s2, const T* b2, const T* g, const T* res, T* y0, T* y1, T* y2,
@@ -237,19 +237,26 @@ __device__ __forceinline__ void qmv(
 
   // This lane's rows. Each warp holds 32 / LPR groups of LPR lanes; a group computes R whole
   // rows, its lanes striding the rows' 16-byte chunks. Rows of one group lie in one segment
-  // (every segment is a multiple of R rows).
+  // (every segment is a multiple of R rows). A block stages the input once and then computes
+  // LOOP consecutive sets of NWARPS * GPW * R rows, one after the other.
   constexpr int GPW = 32 / LPR;
   const int grp = lane / LPR, sl = lane % LPR;
-  int row0 = ((blockIdx.x * NWARPS + warp) * GPW + grp) * R;
-  const bool valid = row0 < ROWS;
-  if (!valid) row0 = 0;  // computes row 0 again (the shuffles need every lane), writes nothing
   const void* w = w0; const T* s = s0; const T* b = b0;
   T* y = y0;
-  int local = row0;
-  if constexpr (ACT == 0) {
-    if (row0 >= N0 + N1) { w = w2; s = s2; b = b2; y = y2; local = row0 - N0 - N1; }
-    else if (row0 >= N0) { w = w1; s = s1; b = b1; y = y1; local = row0 - N0; }
-  }
+  int local = 0;
+  bool valid = false;
+  // Points w/s/b/y/local at the rows of set `it`; `valid`: the group has rows there (otherwise
+  // it computes row 0 again, as the shuffles need every lane, and writes nothing).
+  auto select = [&](int it) {
+    int row0 = (((blockIdx.x * LOOP + it) * NWARPS + warp) * GPW + grp) * R;
+    valid = row0 < ROWS;
+    if (!valid) row0 = 0;
+    w = w0; s = s0; b = b0; y = y0; local = row0;
+    if constexpr (ACT == 0) {
+      if (row0 >= N0 + N1) { w = w2; s = s2; b = b2; y = y2; local = row0 - N0 - N1; }
+      else if (row0 >= N0) { w = w1; s = s1; b = b1; y = y1; local = row0 - N0; }
+    }
+  };
   // The first chunks' weights are requested before the input is prepared: their latency
   // overlaps the preparation's.
   constexpr int PER_LANE = (CHUNKS + LPR - 1) / LPR;
@@ -259,15 +266,19 @@ __device__ __forceinline__ void qmv(
   constexpr int PF0 = PREF > 0 ? PREF : R == 1 ? 2 : 1;
   constexpr int PF = PF0 < PER_LANE ? PF0 : PER_LANE;
   typename Row::Load pre[PF][R], pre2[PF][R];
+  auto prefetch = [&]() {
 #pragma unroll
-  for (int f = 0; f < PF; ++f) {
-    const int c = min(sl + f * LPR, CHUNKS - 1);
+    for (int f = 0; f < PF; ++f) {
+      const int c = min(sl + f * LPR, CHUNKS - 1);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      pre[f][r] = Row::load(w, s, b, local + r, c);
-      if constexpr (ACT != 0) pre2[f][r] = Row::load(w1, s1, b1, local + r, c);
+      for (int r = 0; r < R; ++r) {
+        pre[f][r] = Row::load(w, s, b, local + r, c);
+        if constexpr (ACT != 0) pre2[f][r] = Row::load(w1, s1, b1, local + r, c);
+      }
     }
-  }
+  };
+  select(0);
+  prefetch();
 
   // Quantized weights take the input staged as floats (XF), dense ones (and inputs too wide for
   // that) as T: stage_rows<T, 0, ...> copies it as T.
@@ -277,7 +288,6 @@ __device__ __forceinline__ void qmv(
     stage_rows<T, 0, K, 1, NORM, NWARPS>(x, xq, xsum, xs, tid, NT, g, eps);
   }
   __syncthreads();
-  if ((blockIdx.x * NWARPS + warp) * GPW * R >= ROWS) return;  // the whole warp is past the end
 
   // The inputs of chunk c (and their sum, for quantized weights).
   auto inputs = [&](int c, float* xf) -> float {
@@ -306,46 +316,55 @@ __device__ __forceinline__ void qmv(
     return sx;
   };
 
-  float acc[R], acc2[R];
+#pragma unroll 1
+  for (int it = 0; it < LOOP; ++it) {
+    if (it > 0) {
+      select(it);
+      prefetch();
+    }
+    // The whole warp past the end (uniform over the warp: no shuffle is left waiting).
+    if ((((blockIdx.x * LOOP + it) * NWARPS + warp) * GPW * R) >= ROWS) break;
+    float acc[R], acc2[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) { acc[r] = 0.f; acc2[r] = 0.f; }
+    for (int r = 0; r < R; ++r) { acc[r] = 0.f; acc2[r] = 0.f; }
 #pragma unroll
-  for (int f = 0; f < PF; ++f) {
-    const int c = sl + f * LPR;
-    if (c < CHUNKS) {
+    for (int f = 0; f < PF; ++f) {
+      const int c = sl + f * LPR;
+      if (c < CHUNKS) {
+        float xf[VPC];
+        const float sx = inputs(c, xf);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          acc[r] += Row::dot(pre[f][r], xf, sx);
+          if constexpr (ACT != 0) acc2[r] += Row::dot(pre2[f][r], xf, sx);
+        }
+      }
+    }
+#pragma unroll UNROLL
+    for (int c = sl + PF * LPR; c < CHUNKS; c += LPR) {
       float xf[VPC];
       const float sx = inputs(c, xf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        acc[r] += Row::dot(pre[f][r], xf, sx);
-        if constexpr (ACT != 0) acc2[r] += Row::dot(pre2[f][r], xf, sx);
+        acc[r] += Row::dot(Row::load(w, s, b, local + r, c), xf, sx);
+        if constexpr (ACT != 0) acc2[r] += Row::dot(Row::load(w1, s1, b1, local + r, c), xf, sx);
       }
     }
-  }
-#pragma unroll UNROLL
-  for (int c = sl + PF * LPR; c < CHUNKS; c += LPR) {
-    float xf[VPC];
-    const float sx = inputs(c, xf);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      acc[r] += Row::dot(Row::load(w, s, b, local + r, c), xf, sx);
-      if constexpr (ACT != 0) acc2[r] += Row::dot(Row::load(w1, s1, b1, local + r, c), xf, sx);
-    }
-  }
+      float v = acc[r], u = acc2[r];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float v = acc[r], u = acc2[r];
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1) {
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-      if constexpr (ACT != 0) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
-    }
-    if (sl == 0 && valid) {
-      v = rnd<T>(v);
-      if constexpr (ACT == 1) v = rnd<T>(silu_r<T>(v) * rnd<T>(u));
-      if constexpr (ACT == 2) v = rnd<T>(gelu_tanh_r<T>(v) * rnd<T>(u));
-      if constexpr (RESID) v = rnd<T>(v + to_f<T>(res[local + r]));
-      y[local + r] = from_f<T>(v);
+      for (int o = LPR / 2; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+        if constexpr (ACT != 0) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
+      }
+      if (sl == 0 && valid) {
+        v = rnd<T>(v);
+        if constexpr (ACT == 1) v = rnd<T>(silu_r<T>(v) * rnd<T>(u));
+        if constexpr (ACT == 2) v = rnd<T>(gelu_tanh_r<T>(v) * rnd<T>(u));
+        if constexpr (RESID) v = rnd<T>(v + to_f<T>(res[local + r]));
+        y[local + r] = from_f<T>(v);
+      }
     }
   }
 }
@@ -365,6 +384,7 @@ class Launch:
     warps: int = 8
     unroll: int = 2
     prefetch: int = 0   # chunks per row loaded before the input is staged (0: 2 for one row, else 1)
+    loop: int = 1       # sets of rows a block computes one after another, staging the input once
 
 
 # Launches the H200 sweep (scripts/h200_qmv_sweep.py) measures; tests/test_kernels_cuda.py checks
@@ -377,6 +397,9 @@ CANDIDATES: tuple[Launch, ...] = (
     # all of a lane's chunks (up to 16) in flight before the input is staged
     Launch(16, 1, 8, 2, 16), Launch(32, 1, 8, 2, 16), Launch(16, 1, 4, 2, 16),
     Launch(8, 1, 4, 2, 16), Launch(16, 2, 8, 2, 16), Launch(32, 1, 4, 2, 16),
+    # 2 or 4 sets of rows per block: the input staged (and normalized) once for all of them
+    Launch(16, 1, 8, 2, 0, 2), Launch(16, 1, 8, 2, 0, 4), Launch(32, 1, 8, 2, 0, 2),
+    Launch(8, 1, 4, 2, 0, 2), Launch(16, 1, 8, 2, 16, 2),
 )
 
 
@@ -433,7 +456,8 @@ class QmvSpec:
             "omnia_qmv", str(self.dtype).split(".")[-1], fmt, f"k{self.k}",
             "n" + "_".join(map(str, self.rows)),
             f"l{self.config.lanes}r{self.config.rows}w{self.config.warps}u{self.config.unroll}"
-            + (f"p{self.config.prefetch}" if self.config.prefetch else ""),
+            + (f"p{self.config.prefetch}" if self.config.prefetch else "")
+            + (f"o{self.config.loop}" if self.config.loop > 1 else ""),
         ]
         if self.norm_eps is not None:
             parts.append("norm" + hashlib.sha1(repr(self.norm_eps).encode()).hexdigest()[:8])
@@ -459,7 +483,7 @@ class QmvSpec:
         cfg = self.config
         return (
             f"omnia::qmv<{t}, {bits}, {group}, {self.k}, {n[0]}, {n[1]}, {n[2]}, "
-            f"{cfg.rows}, {cfg.lanes}, {cfg.warps}, {cfg.unroll}, {cfg.prefetch}, "
+            f"{cfg.rows}, {cfg.lanes}, {cfg.warps}, {cfg.unroll}, {cfg.prefetch}, {cfg.loop}, "
             f"{flag(self.norm_eps is not None)}, {act}, "
             f"{flag(self.residual)}>(\n"
             f"    x, {arg('w0')}, {arg('s0')}, {arg('b0')}, {arg('w1')}, {arg('s1')}, "
@@ -475,7 +499,7 @@ def launcher(spec: QmvSpec, lead: tuple[int, ...]) -> Callable[[Sequence[mx.arra
     calls it hundreds of times per token)."""
     kernel = cuda_kernel(spec.name(), spec.input_names(), spec.outputs, spec.source(), QMV_HEADER)
     cfg = spec.config
-    rows_per_block = (32 // cfg.lanes) * cfg.rows * cfg.warps
+    rows_per_block = (32 // cfg.lanes) * cfg.rows * cfg.warps * cfg.loop
     blocks = (spec.out_rows + rows_per_block - 1) // rows_per_block
     rows = (spec.rows[0],) if spec.gate is not None else spec.rows
     shapes = [(*lead, n) for n in rows]
@@ -505,7 +529,7 @@ def spec_fits(spec: QmvSpec) -> bool:
     cfg = spec.config
     if cfg.lanes not in (4, 8, 16, 32) or not 1 <= cfg.warps <= 32 or cfg.unroll < 1:
         return False
-    if not 0 <= cfg.prefetch <= 16:
+    if not 0 <= cfg.prefetch <= 16 or not 1 <= cfg.loop <= 8:
         return False
     if any(n % cfg.rows for n in spec.rows):
         return False
