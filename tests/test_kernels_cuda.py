@@ -104,11 +104,13 @@ def test_qmv_every_launch_candidate_matches_core(launch: Launch,
     (got,) = run([x, *weights, proj.norm.weight])  # type: ignore[union-attr]
     (want,) = proj.reference()(x)
     assert rel_err(got, want) <= 8 * ULP[dtype]
-    down = make_linear(2816, 1024, fmt, dtype)
+    # 1000 rows: the last block of most launches is partly past the end (a set of rows, with
+    # Launch.loop, wholly past it)
+    down = make_linear(2816, 1000, fmt, dtype)
     lin_spec = linear_spec(down, residual=True)
     assert lin_spec is not None
     h = mx.random.normal((1, 1, 2816)).astype(dtype)
-    res = mx.random.normal((1, 1, 1024)).astype(dtype)
+    res = mx.random.normal((1, 1, 1000)).astype(dtype)
     inputs = [h, *([down.weight] if down.bits is None else [down.weight, down.scales, down.biases]), res]
     (got,) = launcher(replace(lin_spec, launch=launch), (1, 1))(inputs)
     assert rel_err(got, down.reference()(h, res)) <= 4 * ULP[dtype]
