@@ -16,7 +16,12 @@ from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.cache import KVCache, Mask, StaticKVCache, visibility
 from mlx_omnia.engine.core.kernels import attention_step as attention_kernels
 from mlx_omnia.engine.core.kernels import qmv as qmv_kernels
-from mlx_omnia.engine.core.mxcompat import drop_parameters, gelu_tanh, reshape, silu
+from mlx_omnia.engine.core.mxcompat import (
+    drop_parameters,
+    gelu_tanh_mul,
+    reshape,
+    silu_mul,
+)
 
 QuantMode = Literal["affine"]
 Gate = Literal["silu", "gelu_tanh"]
@@ -488,9 +493,9 @@ class Projections(Declaration):
             h = self.norm(x) if self.norm is not None else x
             outs = [m.as_linear(h) if isinstance(m, Embedding) else m(h) for m in self.matrices]
             if self.gate == "silu":
-                return (silu(outs[0]) * outs[1],)
+                return (silu_mul(outs[0], outs[1]),)
             if self.gate == "gelu_tanh":
-                return (gelu_tanh(outs[0]) * outs[1],)
+                return (gelu_tanh_mul(outs[0], outs[1]),)
             return tuple(outs)
 
         return run

@@ -80,9 +80,31 @@ _silu_fused = cast(Any, mx.compile(_silu, shapeless=True))  # pyright: ignore[re
 _gelu_tanh_fused = cast(Any, mx.compile(_gelu_tanh, shapeless=True))  # pyright: ignore[reportUnknownMemberType]
 
 
+def _silu_mul(g: mx.array, u: mx.array) -> mx.array:
+    return _silu(g) * u
+
+
+def _gelu_tanh_mul(g: mx.array, u: mx.array) -> mx.array:
+    return _gelu_tanh(g) * u
+
+
+_silu_mul_fused = cast(Any, mx.compile(_silu_mul, shapeless=True))  # pyright: ignore[reportUnknownMemberType]
+_gelu_tanh_mul_fused = cast(Any, mx.compile(_gelu_tanh_mul, shapeless=True))  # pyright: ignore[reportUnknownMemberType]
+
+
 def silu(x: mx.array) -> mx.array:
     """x * sigmoid(x)."""
     return cast(mx.array, _silu_fused(x))
+
+
+def silu_mul(g: mx.array, u: mx.array) -> mx.array:
+    """silu(g) * u (a gated MLP's activation) as one fused kernel."""
+    return cast(mx.array, _silu_mul_fused(g, u))
+
+
+def gelu_tanh_mul(g: mx.array, u: mx.array) -> mx.array:
+    """gelu_tanh(g) * u as one fused kernel."""
+    return cast(mx.array, _gelu_tanh_mul_fused(g, u))
 
 
 def gelu_tanh(x: mx.array) -> mx.array:
