@@ -7,7 +7,6 @@ token, by kind, for the engine's step (compiled and eager) and mlx-lm's, from mx
 from __future__ import annotations
 
 import collections
-import os
 import re
 import sys
 import tempfile
@@ -18,8 +17,9 @@ import mlx_omnia
 
 _ENGINE_FIRST = mlx_omnia.runtime_info
 import mlx.core as mx  # noqa: E402
+from h200_overhead import checkpoint, load_arm  # noqa: E402  (scripts/ is on the path)
 
-from mlx_omnia.bench import measure, shapes  # noqa: E402
+from mlx_omnia.bench import shapes  # noqa: E402
 
 
 def count(label: str, out: mx.array, layers: int) -> None:
@@ -41,21 +41,13 @@ def main() -> None:
         name = f"{shape}-{layers}"
         shapes.SHAPES[name] = dict(shapes.SHAPES[shape], num_hidden_layers=layers)
     n_layers = int(shapes.SHAPES[name]["num_hidden_layers"])
-    quant = None if bits is None else (bits, 64)
     print(f"== {name} {'bf16' if bits is None else f'{bits}-bit'} {mx.default_device()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        keep = os.environ.get("OVERHEAD_CKPT")
-        target = Path(keep) if keep else Path(tmp) / "m"
-        path = target if (target / "config.json").exists() else shapes.build_checkpoint(
-            name, target, dtype="bfloat16")
+        path, quant = checkpoint(name, Path(tmp), bits)
         for arm_name in ("omnia", "omnia-eager", "mlx-lm"):
-            if arm_name == "mlx-lm":
-                if measure.mlx_lm_importable() is None:
-                    continue
-                arm = measure.mlx_lm_arm(str(path), dtype="bfloat16", quantize=quant)
-            else:
-                arm = measure.omnia_arm(str(path), dtype="bfloat16", quantize=quant,
-                                        reference=False, eager=arm_name == "omnia-eager")
+            arm = load_arm(arm_name, path, quant)
+            if arm is None:
+                continue
             feed = arm.new_sequence()
             mx.eval(*feed(list(range(1, 65))))
             for t in range(3):

@@ -73,6 +73,32 @@ def report(label: str, timing: tuple[float, float, float]) -> None:
           f"  pipelined {pipelined * 1e6:8.1f} us ({1 / pipelined:6.1f} tok/s)", flush=True)
 
 
+def checkpoint(name: str, tmp: Path, bits: int | None) -> tuple[Path, tuple[int, int] | None]:
+    """The random checkpoint of shape `name` (kept in OVERHEAD_CKPT across processes, else in
+    tmp) and the quantization to apply at load. OVERHEAD_PREQUANTIZE=1 writes it quantized (a
+    MoE shape's bf16 weights would not fit the disk), and the arms load it as it is."""
+    keep = os.environ.get("OVERHEAD_CKPT")
+    target = Path(keep) if keep else tmp / "m"
+    written = bits is not None and bool(os.environ.get("OVERHEAD_PREQUANTIZE"))
+    if (target / "config.json").exists():
+        path = target
+    else:
+        path = shapes.build_checkpoint(name, target, dtype="bfloat16",
+                                       quantize=(bits, 64) if written and bits else None)
+    return path, None if bits is None or written else (bits, 64)
+
+
+def load_arm(arm_name: str, path: Path, quant: tuple[int, int] | None) -> measure.Arm | None:
+    """omnia, omnia-eager, omnia-reference or mlx-lm (None when mlx-lm is not importable)."""
+    if arm_name == "mlx-lm":
+        if measure.mlx_lm_importable() is None:
+            return None
+        return measure.mlx_lm_arm(str(path), dtype="bfloat16", quantize=quant)
+    return measure.omnia_arm(str(path), dtype="bfloat16", quantize=quant,
+                             reference=arm_name == "omnia-reference",
+                             eager=arm_name == "omnia-eager")
+
+
 def probe_model(shape: str, bits: int | None, layers: int | None, steps: int) -> None:
     name = shape
     if layers is not None:
@@ -83,25 +109,11 @@ def probe_model(shape: str, bits: int | None, layers: int | None, steps: int) ->
     print(f"== {name} {ops_note} MLX_MAX_OPS_PER_BUFFER={os.environ.get('MLX_MAX_OPS_PER_BUFFER', '-')}",
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        keep = os.environ.get("OVERHEAD_CKPT")  # reuse one checkpoint across processes
-        target = Path(keep) if keep else Path(tmp) / "m"
-        # OVERHEAD_PREQUANTIZE=1 writes the checkpoint quantized (a MoE shape's bf16 weights
-        # would not fit the disk), and the arms load it as it is.
-        written = bits is not None and bool(os.environ.get("OVERHEAD_PREQUANTIZE"))
-        if (target / "config.json").exists():
-            path = target
-        else:
-            path = shapes.build_checkpoint(name, target, dtype="bfloat16",
-                                           quantize=(bits, 64) if written and bits else None)
-        quant = None if bits is None or written else (bits, 64)
+        path, quant = checkpoint(name, Path(tmp), bits)
         for arm_name in arms:
-            if arm_name == "mlx-lm":
-                if measure.mlx_lm_importable() is None:
-                    continue
-                arm = measure.mlx_lm_arm(str(path), dtype="bfloat16", quantize=quant)
-            else:
-                arm = measure.omnia_arm(str(path), dtype="bfloat16", quantize=quant,
-                                        reference=arm_name == "omnia-reference")
+            arm = load_arm(arm_name, path, quant)
+            if arm is None:
+                continue
             report(arm_name, time_feed(arm.new_sequence(), steps))
             if arm_name == "omnia":
                 # Model.generate's own loop: `steps` more tokens, prefill cancelled by the
