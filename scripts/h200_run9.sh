@@ -4,6 +4,7 @@
 # G: primitives per token (h200_graph.py). S: qmv launch sweep. E "0 4": the qwen3-4b benches.
 # M: the MoE step's host/GPU time. N: ncu stall reasons of the 4-bit gate/up GEMV.
 # B: per-kernel profile of a decode step (bf16, 4-bit), benches bf16 and 4-bit against mlx-lm.
+# P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
@@ -49,6 +50,20 @@ elif [ "$1" = N ]; then
     --section LaunchStats --kernel-name regex:'omnia_qmv_.*k2560_n9728_9728' \
     python3 scripts/h200_qmv_sweep.py run $OUT/n.json > $OUT/ncu_gate_up_q4.txt 2>&1
   grep -v '^==PROF==' $OUT/ncu_gate_up_q4.txt | head -150
+elif [ "$1" = P ]; then
+  # host profile (nsys: MLX's NVTX ranges per primitive, CUDA API calls) of the MoE and the 4-bit
+  # dense decode step, 8 layers each
+  NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/*/bin/nsys /usr/local/cuda*/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  echo "nsys: $NSYS"; ls /usr/local/cuda/bin | tr '\n' ' '; echo
+  export OVERHEAD_SKIP_CHAIN=1 OVERHEAD_ARMS=omnia
+  for m in "qwen3-30b-a3b 4 8" "qwen3-4b 4 8"; do
+    tag=$(echo $m | tr ' ' _)
+    OVERHEAD_PREQUANTIZE=1 timeout 200 $NSYS profile -t cuda,nvtx --sample=none --cpuctxsw=none \
+      -o $OUT/$tag --force-overwrite true python3 scripts/h200_overhead.py $m 48 2>&1 | grep -v "^Collecting\|^Generat\|^Processing" | tail -8
+    $NSYS stats -q -r nvtx_sum,cuda_api_sum -f csv -o $OUT/$tag $OUT/$tag.nsys-rep > /dev/null 2>&1
+    $NSYS stats -q -r nvtx_sum,cuda_api_sum $OUT/$tag.nsys-rep 2>&1 | cut -c1-170 | head -70
+    rm -f $OUT/$tag.nsys-rep $OUT/$tag.sqlite
+  done
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
   timeout ${CT:-400} $B --runs ${RUNS:-3} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
