@@ -8,11 +8,15 @@ Register counts and spills come back from ptxas (`--ptxas-options=-v`).
     pip download --no-deps --only-binary=:all: --python-version 3.12 \\
         --platform manylinux2014_x86_64 nvidia-cuda-nvrtc nvidia-cuda-runtime -d /tmp/nvrtc
     (cd /tmp/nvrtc && for f in *.whl; do unzip -qo $f -d x; done)
-    python scripts/nvrtc_check.py /tmp/nvrtc/x/nvidia/cu13"""
+    python scripts/nvrtc_check.py /tmp/nvrtc/x/nvidia/cu13 [NAME_FILTER]
+
+NVRTC_CUBIN_DIR=DIR also writes each cubin there, for `cuobjdump -sass` (the
+nvidia-cuda-cuobjdump wheel) to show the machine code."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import sys
 from pathlib import Path
@@ -31,7 +35,7 @@ class Nvrtc:
         self.lib = ctypes.CDLL(str(root / "lib" / "libnvrtc.so.13"))
         self.include = root / "include"
 
-    def compile(self, name: str, source: str) -> tuple[bool, str]:
+    def compile(self, name: str, source: str, cubin: Path | None = None) -> tuple[bool, str]:
         prog = ctypes.c_void_p()
         rc = self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(),
                                          0, None, None)
@@ -44,6 +48,11 @@ class Nvrtc:
         self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         log = ctypes.create_string_buffer(size.value)
         self.lib.nvrtcGetProgramLog(prog, log)
+        if cubin is not None and rc == 0:
+            self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+            binary = ctypes.create_string_buffer(size.value)
+            self.lib.nvrtcGetCUBIN(prog, binary)
+            cubin.write_bytes(binary.raw)
         self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
         return rc == 0, log.value.decode(errors="replace")
 
@@ -200,7 +209,8 @@ def main() -> int:
     for name, source in sorted(SOURCES.items()):
         if only not in name:
             continue
-        ok, log = nvrtc.compile(name, source)
+        sass = os.environ.get("NVRTC_CUBIN_DIR")
+        ok, log = nvrtc.compile(name, source, Path(sass) / f"{name}.cubin" if sass else None)
         regs = re.findall(r"Used (\d+) registers", log)
         spill = re.findall(r"(\d+) bytes spill stores", log)
         smem = re.findall(r"(\d+) bytes smem", log)

@@ -40,15 +40,16 @@ MAX_ROWS_STAGED = 10240  # input values one block stages in shared memory (40 KB
 MOE_HEADER = QMV_HEADER + r"""
 namespace omnia {
 
-// The staged inputs of chunk c of input row `row` (and their sum, for quantized weights).
+// The staged inputs of chunk c of input row `row` (and their sum and unscale, for quantized
+// weights).
 template <typename T, int BITS, int K>
-__device__ __forceinline__ float staged_chunk(const float* xq, const float* xsum, const T* xs,
+__device__ __forceinline__ float2 staged_chunk(const float* xq, const float2* xsum, const T* xs,
                                               int row, int c, float* xf) {
   constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
   constexpr int CHUNKS = K / VPC;
   if constexpr (BITS == 0) {
     unpack8<T>(reinterpret_cast<const uint4*>(xs + (size_t)row * K)[c], xf);
-    return 0.f;
+    return make_float2(0.f, 1.f);
   } else {
     const float4* src = reinterpret_cast<const float4*>(xq + (size_t)row * K);
 #pragma unroll
@@ -136,7 +137,7 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
   __shared__ __align__(16) float xq[BITS == 0 ? 4 : K];
-  __shared__ float xsum[BITS == 0 ? 1 : CHUNKS];
+  __shared__ float2 xsum[BITS == 0 ? 1 : CHUNKS];
   __shared__ __align__(16) T xs[BITS == 0 ? K : 8];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int GPW = 32 / LPR;
@@ -155,7 +156,7 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   float xf[VPC];
   float ag = 0.f, au = 0.f;
   if (sl < CHUNKS) {
-    const float sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, sl, xf);
+    const float2 sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, sl, xf);
     ag = Row::dot(g0, xf, sx);
     au = Row::dot(u0, xf, sx);
   }
@@ -163,7 +164,7 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   for (int c = sl + LPR; c < CHUNKS; c += LPR) {
     const typename Row::Load gl = Row::load(w, s, b, gate_row, c);
     const typename Row::Load ul = Row::load(w, s, b, up_row, c);
-    const float sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, c, xf);
+    const float2 sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, c, xf);
     ag += Row::dot(gl, xf, sx);
     au += Row::dot(ul, xf, sx);
   }
@@ -186,7 +187,7 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
   __shared__ __align__(16) float xq[BITS == 0 ? 4 : TOPK * K];
-  __shared__ float xsum[BITS == 0 ? 1 : TOPK * CHUNKS];
+  __shared__ float2 xsum[BITS == 0 ? 1 : TOPK * CHUNKS];
   __shared__ __align__(16) T xs[BITS == 0 ? TOPK * K : 8];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r = blockIdx.x * NWARPS + warp;

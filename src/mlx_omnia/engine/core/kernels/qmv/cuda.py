@@ -28,6 +28,31 @@ WARPS = 8
 QMV_HEADER = HEADER + r"""
 namespace omnia {
 
+// a * b + c rounded once, subnormal operands kept whatever the compiler's flush-to-zero setting.
+__device__ __forceinline__ float fma_keep_subnormal(float a, float b, float c) {
+  float d;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+  return d;
+}
+
+// 4 bits: a chunk's scale 2^S (x) and unscale 2^(149 - S) (y) for a chunk whose largest |input|
+// is amax: S is the largest power (at most 127) that keeps every staged x * 2^S below 2^127.
+// Inputs of 2^105 or more (S would fall under 22) overflow the staging, near where the
+// reference's own products overflow.
+__device__ __forceinline__ float2 chunk_scale4(float amax) {
+  const int e = (int)((__float_as_uint(amax) >> 23) & 0xFFu);  // amax < 2^(e - 126)
+  const int sc = min(127, max(22, 253 - e));
+  return make_float2(__uint_as_float((unsigned int)(sc + 127) << 23),
+                     __uint_as_float((unsigned int)(276 - sc) << 23));
+}
+
+// The staged input of value n (0-7) of a 4-bit chunk word: x * 2^S * 16^-p, p the nibble's
+// place after the dot's masking (n, or n - 2 for nibbles 6 and 7, shifted a byte): exact.
+__device__ __forceinline__ float prescale4(float x, int n, float scale) {
+  return x * scale * (n == 0 ? 1.f : n == 1 ? 0x1p-4f : n == 2 ? 0x1p-8f : n == 3 ? 0x1p-12f
+                      : n == 4 || n == 6 ? 0x1p-16f : 0x1p-20f);
+}
+
 template <typename T, int BITS, int GROUP, int K>
 struct QmvRow {
   static constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;  // values per 16-byte chunk
@@ -52,8 +77,9 @@ struct QmvRow {
     return l;
   }
 
-  // Partial dot product of a chunk with xf (the chunk's inputs; sx their sum).
-  static __device__ __forceinline__ float dot(const Load& l, const float* xf, float sx) {
+  // Partial dot product of a chunk with xf, the chunk's staged inputs; su.x is their sum, su.y
+  // (4 bits) the chunk's unscale (see prescale4).
+  static __device__ __forceinline__ float dot(const Load& l, const float* xf, float2 su) {
     const uint4 wv = l.w;
     if constexpr (BITS == 0) {
       float wf[8];
@@ -72,17 +98,15 @@ struct QmvRow {
       for (int i = 0; i < 4; ++i) {
         part[i] = 0.f;
         if constexpr (BITS == 4) {
-          // xf holds x * 16^-(m % 4) (prescale): nibble m of a half-word, masked in place and
-          // made a float by the 2^23 exponent trick, is q * 16^(m % 4) exactly: no shifts.
+          // Nibble n masked in place (nibbles 6 and 7 a byte lower) is an integer m = q * 16^p
+          // below 2^24; its bits read as a float are exactly m * 2^-149 (subnormal or the
+          // least normal binade), and xf holds x * 2^S * 16^-p (prescale4): each product is
+          // q * x * 2^(S - 149) exactly, two instructions a value.
+          const unsigned int lo = ws[i], hi = ws[i] >> 8;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const unsigned int half = h == 0 ? (ws[i] & 0xFFFFu) : (ws[i] >> 16);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const float q =
-                  __uint_as_float((half & (0xFu << (4 * j))) | 0x4B000000u) - 8388608.0f;
-              part[i] = fmaf(q, xf[i * 8 + h * 4 + j], part[i]);
-            }
+          for (int n = 0; n < 8; ++n) {
+            const unsigned int m = n < 6 ? (lo & (0xFu << (4 * n))) : (hi & (0xFu << (4 * (n - 2))));
+            part[i] = fma_keep_subnormal(__uint_as_float(m), xf[i * 8 + n], part[i]);
           }
         } else {
           constexpr int PER = 32 / BITS;
@@ -94,16 +118,12 @@ struct QmvRow {
           }
         }
       }
-      const float d = (part[0] + part[1]) + (part[2] + part[3]);
-      return fmaf(to_f<T>(l.s), d, to_f<T>(l.b) * sx);
+      float d = (part[0] + part[1]) + (part[2] + part[3]);
+      if constexpr (BITS == 4) d *= su.y;  // 2^(149 - S): exact
+      return fmaf(to_f<T>(l.s), d, to_f<T>(l.b) * su.x);
     }
   }
 };
-
-// Prescale of the value at position j of a chunk for the 4-bit nibble trick (see dot).
-__device__ __forceinline__ float prescale4(int j) {
-  return j % 4 == 0 ? 1.f : j % 4 == 1 ? 0.0625f : j % 4 == 2 ? 0.00390625f : 0.000244140625f;
-}
 
 // 1 / rms of one row of K values, for every thread of the block (NWARPS warps): the sum of
 // squares in float as mx.fast.rms_norm takes it, each warp's part, then the warps' in order.
@@ -139,11 +159,12 @@ __device__ __forceinline__ void rms_scale8(float* f, uint4 g, float inv) {
 
 // Rows of input x [NROWS][K] staged in shared memory for QmvRow<T, BITS, GROUP, K>::dot: for
 // quantized weights as floats laid out [row][VPC / 4][CHUNKS] float4 (prescaled for 4 bits) with
-// each chunk's sum in xsum[row][CHUNKS]; for dense weights copied as T into xs [row][K].
+// each chunk's sum and unscale (4 bits; else 1) in xsum[row][CHUNKS]; for dense weights copied as
+// T into xs [row][K].
 // NORM (one row only): the row is RMS-normalized first with weight g, rounded as
 // mx.fast.rms_norm rounds (as the qmv kernel's prologue does); the block has NWARPS warps.
 template <typename T, int BITS, int K, int NROWS, bool NORM = false, int NWARPS = 8>
-__device__ __forceinline__ void stage_rows(const T* x, float* xq, float* xsum, T* xs, int tid,
+__device__ __forceinline__ void stage_rows(const T* x, float* xq, float2* xsum, T* xs, int tid,
                                            int nt, const T* g = nullptr, float eps = 0.f) {
   static_assert(!NORM || NROWS == 1, "the norm prologue stages one row");
   constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
@@ -169,31 +190,37 @@ __device__ __forceinline__ void stage_rows(const T* x, float* xq, float* xsum, T
     constexpr int PARTS = VPC / 8;  // pieces of a chunk (consecutive threads)
     for (int base = 0; base < NROWS * XCH; base += nt) {
       const int i = base + tid;
-      float sum = 0.f;
+      float sum = 0.f, amax = 0.f;
+      float f[8];
       if (i < NROWS * XCH) {
-        const int row = i / XCH, p = i % XCH;
-        float f[8];
         unpack8<T>(x4[i], f);
         if constexpr (NORM) rms_scale8<T>(f, g4[i], inv);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) sum += f[j];
-        const int c = p / PARTS, q0 = (p % PARTS) * 2;
-        float4* dst = reinterpret_cast<float4*>(xq + (size_t)row * K);
-        if constexpr (BITS == 4) {
-          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1] * prescale4(1), f[2] * prescale4(2),
-                                             f[3] * prescale4(3));
-          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5] * prescale4(1),
-                                                   f[6] * prescale4(2), f[7] * prescale4(3));
-        } else {
-          dst[q0 * CHUNKS + c] = make_float4(f[0], f[1], f[2], f[3]);
-          dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5], f[6], f[7]);
+        for (int j = 0; j < 8; ++j) {
+          sum += f[j];
+          amax = fmaxf(amax, fabsf(f[j]));
         }
       }
       // PARTS divides XCH and the block size: a chunk's pieces sit in neighbouring lanes.
 #pragma unroll
-      for (int o = 1; o < PARTS; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-      if (i < NROWS * XCH && i % PARTS == 0) {
-        xsum[(i / XCH) * CHUNKS + (i % XCH) / PARTS] = sum;
+      for (int o = 1; o < PARTS; o <<= 1) {
+        sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+        amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+      }
+      if (i < NROWS * XCH) {
+        const int row = i / XCH, p = i % XCH;
+        const int c = p / PARTS, q0 = (p % PARTS) * 2;
+        float4* dst = reinterpret_cast<float4*>(xq + (size_t)row * K);
+        float2 su = make_float2(sum, 1.f);
+        if constexpr (BITS == 4) {
+          const float2 sc = chunk_scale4(amax);
+          su.y = sc.y;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) f[j] = prescale4(f[j], j, sc.x);
+        }
+        dst[q0 * CHUNKS + c] = make_float4(f[0], f[1], f[2], f[3]);
+        dst[(q0 + 1) * CHUNKS + c] = make_float4(f[4], f[5], f[6], f[7]);
+        if (p % PARTS == 0) xsum[row * CHUNKS + c] = su;
       }
     }
   }
@@ -231,7 +258,7 @@ __device__ __forceinline__ void qmv(
   // each chunk's sum; dense weights (and inputs too wide for that) take it in T.
   constexpr bool XF = BITS != 0 && K <= 10240;
   __shared__ __align__(16) float xq[XF ? K : 4];
-  __shared__ float xsum[XF ? CHUNKS : 1];
+  __shared__ float2 xsum[XF ? CHUNKS : 1];
   __shared__ __align__(16) T xs[XF ? 8 : K];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
@@ -289,9 +316,9 @@ __device__ __forceinline__ void qmv(
   }
   __syncthreads();
 
-  // The inputs of chunk c (and their sum, for quantized weights).
-  auto inputs = [&](int c, float* xf) -> float {
-    float sx = 0.f;
+  // The inputs of chunk c (and their sum and unscale, for quantized weights).
+  auto inputs = [&](int c, float* xf) -> float2 {
+    float2 su = make_float2(0.f, 1.f);
     if constexpr (XF) {
       const float4* src = reinterpret_cast<const float4*>(xq);
 #pragma unroll
@@ -299,21 +326,26 @@ __device__ __forceinline__ void qmv(
         const float4 v = src[q * CHUNKS + c];
         xf[4 * q] = v.x; xf[4 * q + 1] = v.y; xf[4 * q + 2] = v.z; xf[4 * q + 3] = v.w;
       }
-      sx = xsum[c];
+      su = xsum[c];
     } else {
       const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
 #pragma unroll
       for (int q = 0; q < VPC / 8; ++q) unpack8<T>(xs4[c * (VPC / 8) + q], xf + 8 * q);
       if constexpr (BITS != 0) {
 #pragma unroll
-        for (int j = 0; j < VPC; ++j) sx += xf[j];
+        for (int j = 0; j < VPC; ++j) su.x += xf[j];
       }
       if constexpr (BITS == 4) {
+        float amax = 0.f;
 #pragma unroll
-        for (int j = 0; j < VPC; ++j) xf[j] *= prescale4(j);
+        for (int j = 0; j < VPC; ++j) amax = fmaxf(amax, fabsf(xf[j]));
+        const float2 sc = chunk_scale4(amax);
+        su.y = sc.y;
+#pragma unroll
+        for (int j = 0; j < VPC; ++j) xf[j] = prescale4(xf[j], j % 8, sc.x);
       }
     }
-    return sx;
+    return su;
   };
 
 #pragma unroll 1
@@ -332,7 +364,7 @@ __device__ __forceinline__ void qmv(
       const int c = sl + f * LPR;
       if (c < CHUNKS) {
         float xf[VPC];
-        const float sx = inputs(c, xf);
+        const float2 sx = inputs(c, xf);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           acc[r] += Row::dot(pre[f][r], xf, sx);
@@ -343,7 +375,7 @@ __device__ __forceinline__ void qmv(
 #pragma unroll UNROLL
     for (int c = sl + PF * LPR; c < CHUNKS; c += LPR) {
       float xf[VPC];
-      const float sx = inputs(c, xf);
+      const float2 sx = inputs(c, xf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         acc[r] += Row::dot(Row::load(w, s, b, local + r, c), xf, sx);
