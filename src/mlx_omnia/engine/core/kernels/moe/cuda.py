@@ -153,20 +153,34 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   const typename Row::Load u0 = Row::load(w, s, b, up_row, c0);
   stage_rows<T, BITS, K, 1, NORM, NWARPS>(x, xq, xsum, xs, tid, NT, g, eps);
   __syncthreads();
-  float xf[VPC];
+  // The gate and up rows' partial sums over chunk c.
+  auto pair_dot = [&](int c, const typename Row::Load& gl, const typename Row::Load& ul,
+                      float* d) {
+    if constexpr (BITS == 0) {
+      float xf[VPC];
+      const float2 sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, c, xf);
+      d[0] = Row::dot(gl, xf, sx);
+      d[1] = Row::dot(ul, xf, sx);
+    } else {
+      const typename Row::Load ls[2] = {gl, ul};
+      Row::template dot_staged<2>(ls, xq, c, xsum[c], d);
+    }
+  };
   float ag = 0.f, au = 0.f;
   if (sl < CHUNKS) {
-    const float2 sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, sl, xf);
-    ag = Row::dot(g0, xf, sx);
-    au = Row::dot(u0, xf, sx);
+    float d[2];
+    pair_dot(sl, g0, u0, d);
+    ag = d[0];
+    au = d[1];
   }
 #pragma unroll 2
   for (int c = sl + LPR; c < CHUNKS; c += LPR) {
     const typename Row::Load gl = Row::load(w, s, b, gate_row, c);
     const typename Row::Load ul = Row::load(w, s, b, up_row, c);
-    const float2 sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, c, xf);
-    ag += Row::dot(gl, xf, sx);
-    au += Row::dot(ul, xf, sx);
+    float d[2];
+    pair_dot(c, gl, ul, d);
+    ag += d[0];
+    au += d[1];
   }
 #pragma unroll
   for (int o = LPR / 2; o > 0; o >>= 1) {
@@ -199,12 +213,22 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   __syncthreads();
   float acc = 0.f;
   if (mine) {
-    float xf[VPC];
-    if (sl < CHUNKS) acc = Row::dot(first, xf, staged_chunk<T, BITS, K>(xq, xsum, xs, j, sl, xf));
+    // Expert j's row over chunk c of its input row.
+    auto one_dot = [&](int c, const typename Row::Load& l) -> float {
+      if constexpr (BITS == 0) {
+        float xf[VPC];
+        return Row::dot(l, xf, staged_chunk<T, BITS, K>(xq, xsum, xs, j, c, xf));
+      } else {
+        float d[1];
+        Row::template dot_staged<1>(&l, xq + (size_t)j * K, c, xsum[j * CHUNKS + c], d);
+        return d[0];
+      }
+    };
+    if (sl < CHUNKS) acc = one_dot(sl, first);
 #pragma unroll 2
     for (int c = sl + LPE; c < CHUNKS; c += LPE) {
       const typename Row::Load l = Row::load(w, s, b, row, c);
-      acc += Row::dot(l, xf, staged_chunk<T, BITS, K>(xq, xsum, xs, j, c, xf));
+      acc += one_dot(c, l);
     }
   }
 #pragma unroll

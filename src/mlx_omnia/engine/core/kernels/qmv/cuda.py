@@ -77,8 +77,42 @@ struct QmvRow {
     return l;
   }
 
-  // Partial dot product of a chunk with xf, the chunk's staged inputs; su.x is their sum, su.y
-  // (4 bits) the chunk's unscale (see prescale4).
+  static constexpr int PER = BITS == 0 ? 8 : 32 / BITS;  // values per 32-bit word
+
+  // Partial dot product of one word of quantized weights with its PER inputs xf.
+  static __device__ __forceinline__ float word_dot(unsigned int wd, const float* xf) {
+    float part = 0.f;
+    if constexpr (BITS == 4) {
+      // Nibble n masked in place (nibbles 6 and 7 a byte lower) is an integer m = q * 16^p
+      // below 2^24; its bits read as a float are exactly m * 2^-149 (subnormal or the least
+      // normal binade), and xf holds x * 2^S * 16^-p (prescale4): each product is
+      // q * x * 2^(S - 149) exactly, two instructions a value.
+      const unsigned int hi = wd >> 8;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const unsigned int m = n < 6 ? (wd & (0xFu << (4 * n))) : (hi & (0xFu << (4 * (n - 2))));
+        part = fma_keep_subnormal(__uint_as_float(m), xf[n], part);
+      }
+    } else {
+      constexpr unsigned int MASK = (1u << BITS) - 1u;
+#pragma unroll
+      for (int j = 0; j < PER; ++j) {
+        part = fmaf(small_uint_to_float((wd >> (BITS * j)) & MASK), xf[j], part);
+      }
+    }
+    return part;
+  }
+
+  // A quantized chunk's result from its four words' partial sums: su.x is the sum of the
+  // chunk's inputs, su.y (4 bits) its unscale 2^(149 - S) (exact).
+  static __device__ __forceinline__ float finish(const Load& l, const float* part, float2 su) {
+    float d = (part[0] + part[1]) + (part[2] + part[3]);
+    if constexpr (BITS == 4) d *= su.y;
+    return fmaf(to_f<T>(l.s), d, to_f<T>(l.b) * su.x);
+  }
+
+  // Partial dot product of a chunk with xf, the chunk's inputs (staged as stage_rows stages
+  // them); su: see finish.
   static __device__ __forceinline__ float dot(const Load& l, const float* xf, float2 su) {
     const uint4 wv = l.w;
     if constexpr (BITS == 0) {
@@ -95,33 +129,36 @@ struct QmvRow {
       const unsigned int ws[4] = {wv.x, wv.y, wv.z, wv.w};
       float part[4];  // one chain per word: short dependency chains
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        part[i] = 0.f;
-        if constexpr (BITS == 4) {
-          // Nibble n masked in place (nibbles 6 and 7 a byte lower) is an integer m = q * 16^p
-          // below 2^24; its bits read as a float are exactly m * 2^-149 (subnormal or the
-          // least normal binade), and xf holds x * 2^S * 16^-p (prescale4): each product is
-          // q * x * 2^(S - 149) exactly, two instructions a value.
-          const unsigned int lo = ws[i], hi = ws[i] >> 8;
-#pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            const unsigned int m = n < 6 ? (lo & (0xFu << (4 * n))) : (hi & (0xFu << (4 * (n - 2))));
-            part[i] = fma_keep_subnormal(__uint_as_float(m), xf[i * 8 + n], part[i]);
-          }
-        } else {
-          constexpr int PER = 32 / BITS;
-          constexpr unsigned int MASK = (1u << BITS) - 1u;
-#pragma unroll
-          for (int j = 0; j < PER; ++j) {
-            part[i] = fmaf(small_uint_to_float((ws[i] >> (BITS * j)) & MASK), xf[i * PER + j],
-                           part[i]);
-          }
-        }
-      }
-      float d = (part[0] + part[1]) + (part[2] + part[3]);
-      if constexpr (BITS == 4) d *= su.y;  // 2^(149 - S): exact
-      return fmaf(to_f<T>(l.s), d, to_f<T>(l.b) * su.x);
+      for (int i = 0; i < 4; ++i) part[i] = word_dot(ws[i], xf + i * PER);
+      return finish(l, part, su);
     }
+  }
+
+  // dot for NR chunks of quantized weights (rows) that share chunk c of the input staged in
+  // xq ([VPC / 4][CHUNKS] float4): each word's inputs are read once for all NR rows and are all
+  // a lane holds of them (the same sums as dot).
+  template <int NR>
+  static __device__ __forceinline__ void dot_staged(const Load* l, const float* xq, int c,
+                                                    float2 su, float* out) {
+    static_assert(BITS != 0, "dense weights take their input as T");
+    const float4* src = reinterpret_cast<const float4*>(xq);
+    float part[NR][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float xf[PER];
+#pragma unroll
+      for (int q = 0; q < PER / 4; ++q) {
+        const float4 v = src[(i * (PER / 4) + q) * CHUNKS + c];
+        xf[4 * q] = v.x; xf[4 * q + 1] = v.y; xf[4 * q + 2] = v.z; xf[4 * q + 3] = v.w;
+      }
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        const unsigned int wd = i == 0 ? l[r].w.x : i == 1 ? l[r].w.y : i == 2 ? l[r].w.z : l[r].w.w;
+        part[r][i] = word_dot(wd, xf);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; ++r) out[r] = finish(l[r], part[r], su);
   }
 };
 
@@ -316,37 +353,30 @@ __device__ __forceinline__ void qmv(
   }
   __syncthreads();
 
-  // The inputs of chunk c (and their sum and unscale, for quantized weights).
+  // The inputs of chunk c from xs (staged as T) (and their sum and unscale, for quantized
+  // weights).
   auto inputs = [&](int c, float* xf) -> float2 {
     float2 su = make_float2(0.f, 1.f);
-    if constexpr (XF) {
-      const float4* src = reinterpret_cast<const float4*>(xq);
+    const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
 #pragma unroll
-      for (int q = 0; q < VPC / 4; ++q) {
-        const float4 v = src[q * CHUNKS + c];
-        xf[4 * q] = v.x; xf[4 * q + 1] = v.y; xf[4 * q + 2] = v.z; xf[4 * q + 3] = v.w;
-      }
-      su = xsum[c];
-    } else {
-      const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
+    for (int q = 0; q < VPC / 8; ++q) unpack8<T>(xs4[c * (VPC / 8) + q], xf + 8 * q);
+    if constexpr (BITS != 0) {
 #pragma unroll
-      for (int q = 0; q < VPC / 8; ++q) unpack8<T>(xs4[c * (VPC / 8) + q], xf + 8 * q);
-      if constexpr (BITS != 0) {
+      for (int j = 0; j < VPC; ++j) su.x += xf[j];
+    }
+    if constexpr (BITS == 4) {
+      float amax = 0.f;
 #pragma unroll
-        for (int j = 0; j < VPC; ++j) su.x += xf[j];
-      }
-      if constexpr (BITS == 4) {
-        float amax = 0.f;
+      for (int j = 0; j < VPC; ++j) amax = fmaxf(amax, fabsf(xf[j]));
+      const float2 sc = chunk_scale4(amax);
+      su.y = sc.y;
 #pragma unroll
-        for (int j = 0; j < VPC; ++j) amax = fmaxf(amax, fabsf(xf[j]));
-        const float2 sc = chunk_scale4(amax);
-        su.y = sc.y;
-#pragma unroll
-        for (int j = 0; j < VPC; ++j) xf[j] = prescale4(xf[j], j % 8, sc.x);
-      }
+      for (int j = 0; j < VPC; ++j) xf[j] = prescale4(xf[j], j % 8, sc.x);
     }
     return su;
   };
+  // The loads of one chunk: the R rows, then (gated) their R up rows.
+  constexpr int NL = ACT != 0 ? 2 * R : R;
 
 #pragma unroll 1
   for (int it = 0; it < LOOP; ++it) {
@@ -359,28 +389,44 @@ __device__ __forceinline__ void qmv(
     float acc[R], acc2[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) { acc[r] = 0.f; acc2[r] = 0.f; }
+    auto accumulate = [&](int c, const typename Row::Load* ls) {
+      float d[NL];
+      if constexpr (XF) {
+        Row::template dot_staged<NL>(ls, xq, c, xsum[c], d);
+      } else {
+        float xf[VPC];
+        const float2 su = inputs(c, xf);
+#pragma unroll
+        for (int r = 0; r < NL; ++r) d[r] = Row::dot(ls[r], xf, su);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        acc[r] += d[r];
+        if constexpr (ACT != 0) acc2[r] += d[R + r];
+      }
+    };
 #pragma unroll
     for (int f = 0; f < PF; ++f) {
       const int c = sl + f * LPR;
       if (c < CHUNKS) {
-        float xf[VPC];
-        const float2 sx = inputs(c, xf);
+        typename Row::Load ls[NL];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          acc[r] += Row::dot(pre[f][r], xf, sx);
-          if constexpr (ACT != 0) acc2[r] += Row::dot(pre2[f][r], xf, sx);
+          ls[r] = pre[f][r];
+          if constexpr (ACT != 0) ls[R + r] = pre2[f][r];
         }
+        accumulate(c, ls);
       }
     }
 #pragma unroll UNROLL
     for (int c = sl + PF * LPR; c < CHUNKS; c += LPR) {
-      float xf[VPC];
-      const float2 sx = inputs(c, xf);
+      typename Row::Load ls[NL];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        acc[r] += Row::dot(Row::load(w, s, b, local + r, c), xf, sx);
-        if constexpr (ACT != 0) acc2[r] += Row::dot(Row::load(w1, s1, b1, local + r, c), xf, sx);
+        ls[r] = Row::load(w, s, b, local + r, c);
+        if constexpr (ACT != 0) ls[R + r] = Row::load(w1, s1, b1, local + r, c);
       }
+      accumulate(c, ls);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
