@@ -148,6 +148,7 @@ class Row:
     step_tok_s: float            # 1 / the median latency of one waited step
     weight_bytes: int
     floor_tok_s: float | None
+    step_bytes: int = 0          # weights one decode step reads (the floor's numerator)
     prefill_ratio: float | None = None
     decode_ratio: float | None = None
     step_ratio: float | None = None
@@ -280,16 +281,20 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
                 _progress(f"run {r + 1}/{args.runs}: {arm.name}")
                 results[arm.name].append(measure.run_once(arm, prompt, generate))
 
+        # One checkpoint: every arm's floor divides by the bytes the engine says a step reads.
+        step_bytes = next((a.step_bytes for a in arms if a.step_bytes), 0)
         rows: list[Row] = []
         for arm in arms:
             runs = results[arm.name]
+            read = step_bytes or arm.weight_bytes
             rows.append(Row(
                 arm=arm.name,
                 prefill_tok_s=len(prompt) / _median([x.prefill_s for x in runs]),
                 decode_tok_s=1.0 / _median([x.decode_pipelined_s for x in runs]),
                 step_tok_s=1.0 / _median([x.decode_median_s for x in runs]),
                 weight_bytes=arm.weight_bytes,
-                floor_tok_s=bandwidth / arm.weight_bytes if arm.weight_bytes else None,
+                floor_tok_s=bandwidth / read if read else None,
+                step_bytes=read,
             ))
         baseline = "mlx-lm" if "mlx-lm" in results else arms[0].name
         _ratios(rows, baseline)
@@ -306,7 +311,8 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             + f"  quantize {q}  prompt {len(prompt)}  "
             f"generate {len(generate)}  runs {args.runs}"
         )
-        out(f"copy bandwidth: {bandwidth / 1e9:,.1f} GB/s (floor tok/s = bandwidth / weight bytes)")
+        out(f"copy bandwidth: {bandwidth / 1e9:,.1f} GB/s (floor tok/s = bandwidth / the "
+            f"{rows[0].step_bytes / 1e6:,.1f} MB of weights a decode step reads)")
         for name, check in checks.items():
             out(
                 f"check {name} vs {arms[0].name}: decode argmax agree {check['argmax_agree']}/"
@@ -343,6 +349,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             "arms": {
                 arm.name: {
                     "weight_bytes": arm.weight_bytes,
+                    "step_bytes": arm.step_bytes,
                     "runs": [
                         {
                             "prefill_s": x.prefill_s,
@@ -380,6 +387,7 @@ def _row_json(r: Row) -> dict[str, Any]:
         "prefill_ratio": r.prefill_ratio,
         "decode_ratio": r.decode_ratio,
         "weight_bytes": r.weight_bytes,
+        "step_bytes": r.step_bytes,
         "floor_tok_s": r.floor_tok_s,
         "floor_share": r.floor_share,
     }
@@ -525,13 +533,15 @@ def paired(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
     for name in names:
         runs = [run for child in results[name] for run in child["runs"]]
         weight_bytes = int(results[name][0]["weight_bytes"])
+        read = int(results[name][0].get("step_bytes", 0)) or weight_bytes
         rows.append(Row(
             arm=name,
             prefill_tok_s=len(prompt) / _median([float(x["prefill_s"]) for x in runs]),
             decode_tok_s=1.0 / _median([float(x.get("decode_pipelined_s", "nan")) for x in runs]),
             step_tok_s=1.0 / _median([_median(x["decode_step_s"]) for x in runs]),
             weight_bytes=weight_bytes,
-            floor_tok_s=bandwidth / weight_bytes if weight_bytes else None,
+            floor_tok_s=bandwidth / read if read else None,
+            step_bytes=read,
         ))
     _ratios(rows, names[1])
     first_runs = [results[name][0]["runs"][0] for name in names]

@@ -40,12 +40,15 @@ def evaluate(*arrays: mx.array | list[mx.array]) -> None:
 
 @dataclass
 class Arm:
-    """One way of running the checkpoint: a name, its weight bytes, and fresh sequences."""
+    """One way of running the checkpoint: a name, its weight bytes, and fresh sequences.
+    `step_bytes`: the weights one decode step reads (the engine's Model.decode_bytes: the routed
+    experts' share, one row of an untied embedding table); 0 when the arm cannot say."""
 
     name: str
     weight_bytes: int
     new_sequence: Callable[[], Feed]
     bindings: dict[str, str] = field(default_factory=dict[str, str])
+    step_bytes: int = 0
 
 
 @dataclass
@@ -113,10 +116,11 @@ def omnia_arm(
 
     # An older tree (`paired --ref`) may predate nbytes/bindings.
     nbytes = cast(int, getattr(model, "nbytes", 0))
+    step_bytes = cast(int, getattr(model, "decode_bytes", 0))
     bindings_of = getattr(model, "bindings", None)
     bindings = cast(dict[str, str], bindings_of()) if callable(bindings_of) else {}
     name = "omnia-reference" if reference else "omnia-eager" if eager else "omnia"
-    return Arm(name, nbytes, new_sequence, bindings)
+    return Arm(name, nbytes, new_sequence, bindings, step_bytes)
 
 
 def mlx_lm_importable() -> str | None:
@@ -250,6 +254,7 @@ def run_arm_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "mlx_omnia_file": mlx_omnia.__file__,
         "weight_bytes": arm.weight_bytes,
+        "step_bytes": arm.step_bytes,
         "runs": [
             {
                 "prefill_s": r.prefill_s,

@@ -11,7 +11,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_omnia.engine.core.binding import bindings
-from mlx_omnia.engine.core.mxcompat import flat_parameters
+from mlx_omnia.engine.core.layers import Embedding, Projections
+from mlx_omnia.engine.core.moe import ExpertLinear, Route
+from mlx_omnia.engine.core.mxcompat import flat_parameters, named_modules
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
 from mlx_omnia.engine.generate.loop import CompiledStep, Network, compile_enabled, generate_tokens
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams
@@ -136,6 +138,13 @@ class Model:
     def nbytes(self) -> int:
         """Bytes held by the weights (what residency costs, before KV caches)."""
         return sum(a.nbytes for a in flat_parameters(self.network).values())
+
+    @property
+    def decode_bytes(self) -> int:
+        """Bytes of weights one decode step reads (a bandwidth floor's numerator): all of them,
+        except an embedding table that is not also the head (one row a token) and stacked
+        experts (the routed share: top_k / n_experts of the Route nearest them)."""
+        return decode_weight_bytes(self.network)
 
     @property
     def model_type(self) -> str:
@@ -302,3 +311,34 @@ def _flush_held(decoder: IncrementalDecoder, stops: StopMatcher) -> str:
     """Text the decoder still held back, run through the stop matcher one last time."""
     text, _ = stops.feed(decoder.flush())
     return text
+
+
+def _bytes(module: nn.Module) -> int:
+    return sum(a.nbytes for a in flat_parameters(module).values())
+
+
+def decode_weight_bytes(network: nn.Module) -> int:
+    """See Model.decode_bytes."""
+    modules = named_modules(network)
+    heads = {id(m) for _, p in modules if isinstance(p, Projections) for m in p.matrices}
+    routes = [(path, m) for path, m in modules if isinstance(m, Route)]
+    total = float(sum(a.nbytes for a in flat_parameters(network).values()))
+    for path, m in modules:
+        if isinstance(m, Embedding) and id(m) not in heads and m.num_embeddings > 0:
+            total -= _bytes(m) * (1 - 1 / m.num_embeddings)
+        elif isinstance(m, ExpertLinear):
+            # the Route of the same width that shares the longest module path with the experts
+            same = [(p, r) for p, r in routes if r.n_experts == m.n_experts]
+            if same:
+                _, route = max(same, key=lambda pr: len(_common_prefix(pr[0], path)))
+                total -= _bytes(m) * (1 - min(route.top_k, m.n_experts) / m.n_experts)
+    return int(total)
+
+
+def _common_prefix(a: str, b: str) -> list[str]:
+    out: list[str] = []
+    for x, y in zip(a.split("."), b.split("."), strict=False):
+        if x != y:
+            break
+        out.append(x)
+    return out
