@@ -35,21 +35,29 @@ def median_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
 
 
+BUILD: list[float] = []  # the last time_feed's graph-building share of `host`, per step
+
+
 def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float]:
-    """(waited, host-only, pipelined) seconds per decode step of one sequence."""
+    """(waited, host-only, pipelined) seconds per decode step of one sequence; BUILD gets the
+    part of host-only spent building the step's graph (Python, compiled-function replay),
+    before mx.async_eval hands it to MLX's evaluator."""
     mx.eval(*feed(list(range(1, 129))))
     for t in range(4):
         mx.eval(*feed([3 + t]))
     wait: list[float] = []
     host: list[float] = []
+    BUILD.clear()
     for t in range(steps):
         start = time.perf_counter()
         out, state = feed([5 + t % 100])
         del state  # held, a cache slice would turn an in-place cache update into a copy
+        built = time.perf_counter()
         mx.async_eval(out)
         queued = time.perf_counter()
         mx.eval(out)
         done = time.perf_counter()
+        BUILD.append(built - start)
         host.append(queued - start)
         wait.append(done - start)
     start = time.perf_counter()
@@ -69,8 +77,10 @@ def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float]:
 
 def report(label: str, timing: tuple[float, float, float]) -> None:
     wait, host, pipelined = timing
+    build = statistics.median(BUILD) if BUILD else float("nan")
     print(f"   {label:<8} wait {wait * 1e6:8.1f} us ({1 / wait:6.1f} tok/s)  host {host * 1e6:8.1f} us"
-          f"  pipelined {pipelined * 1e6:8.1f} us ({1 / pipelined:6.1f} tok/s)", flush=True)
+          f" (build {build * 1e6:7.1f})  pipelined {pipelined * 1e6:8.1f} us ({1 / pipelined:6.1f} tok/s)",
+          flush=True)
 
 
 def checkpoint(name: str, tmp: Path, bits: int | None) -> tuple[Path, tuple[int, int] | None]:
@@ -115,7 +125,7 @@ def probe_model(shape: str, bits: int | None, layers: int | None, steps: int) ->
             if arm is None:
                 continue
             report(arm_name, time_feed(arm.new_sequence(), steps))
-            if arm_name == "omnia":
+            if arm_name == "omnia" and not os.environ.get("OVERHEAD_NO_GENERATE"):
                 # Model.generate's own loop: `steps` more tokens, prefill cancelled by the
                 # difference of two runs.
                 model = mlx_omnia.load(str(path), dtype="bfloat16",

@@ -4,6 +4,7 @@
 # G: primitives per token (h200_graph.py). S: qmv launch sweep. E "0 4": the qwen3-4b benches.
 # M: the MoE step's host/GPU time. N: ncu stall reasons of the 4-bit gate/up GEMV.
 # B: per-kernel profile of a decode step (bf16, 4-bit), benches bf16 and 4-bit against mlx-lm.
+# H: host time under MLX's CUDA graph knobs (MLX_USE_CUDA_GRAPHS=0, one graph a token).
 # P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -63,6 +64,17 @@ elif [ "$1" = P ]; then
     $NSYS stats -q -r nvtx_sum,cuda_api_sum -f csv -o $OUT/$tag $OUT/$tag.nsys-rep > /dev/null 2>&1
     $NSYS stats -q -r nvtx_sum,cuda_api_sum $OUT/$tag.nsys-rep 2>&1 | cut -c1-170 | head -70
     rm -f $OUT/$tag.nsys-rep $OUT/$tag.sqlite
+  done
+elif [ "$1" = H ]; then
+  # host time per token under MLX's CUDA graph knobs (graphs off; one graph a token), 4-bit
+  # dense and the MoE, omnia only; `build` is the graph building before mx.async_eval
+  export OVERHEAD_SKIP_CHAIN=1 OVERHEAD_ARMS=omnia OVERHEAD_NO_GENERATE=1
+  for m in "qwen3-4b 4" "qwen3-30b-a3b 4 16"; do
+    for knobs in "" "MLX_USE_CUDA_GRAPHS=0" "MLX_MAX_OPS_PER_BUFFER=2000 MLX_MAX_MB_PER_BUFFER=1000000"; do
+      echo "-- $knobs"
+      env $knobs OVERHEAD_PREQUANTIZE=1 OVERHEAD_CKPT=/tmp/ck_${m// /_} timeout 150 \
+        python3 scripts/h200_overhead.py $m 2>&1 | grep -v "^Device" | tee -a $OUT/host_knobs.txt
+    done
   done
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
