@@ -35,19 +35,16 @@ def median_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
 
 
-BUILD: list[float] = []  # the last time_feed's graph-building share of `host`, per step
-
-
-def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float]:
-    """(waited, host-only, pipelined) seconds per decode step of one sequence; BUILD gets the
-    part of host-only spent building the step's graph (Python, compiled-function replay),
+def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float, float]:
+    """(waited, host-only, pipelined, build) seconds per decode step of one sequence; build is
+    the part of host-only spent building the step's graph (Python, compiled-function replay),
     before mx.async_eval hands it to MLX's evaluator."""
     mx.eval(*feed(list(range(1, 129))))
     for t in range(4):
         mx.eval(*feed([3 + t]))
     wait: list[float] = []
     host: list[float] = []
-    BUILD.clear()
+    build: list[float] = []
     for t in range(steps):
         start = time.perf_counter()
         out, state = feed([5 + t % 100])
@@ -57,7 +54,7 @@ def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float]:
         queued = time.perf_counter()
         mx.eval(out)
         done = time.perf_counter()
-        BUILD.append(built - start)
+        build.append(built - start)
         host.append(queued - start)
         wait.append(done - start)
     start = time.perf_counter()
@@ -72,12 +69,11 @@ def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float]:
         pending = following
     mx.eval(pending)
     pipelined = (time.perf_counter() - start) / (steps + 1)
-    return statistics.median(wait), statistics.median(host), pipelined
+    return statistics.median(wait), statistics.median(host), pipelined, statistics.median(build)
 
 
-def report(label: str, timing: tuple[float, float, float]) -> None:
-    wait, host, pipelined = timing
-    build = statistics.median(BUILD) if BUILD else float("nan")
+def report(label: str, timing: tuple[float, float, float, float]) -> None:
+    wait, host, pipelined, build = timing
     print(f"   {label:<8} wait {wait * 1e6:8.1f} us ({1 / wait:6.1f} tok/s)  host {host * 1e6:8.1f} us"
           f" (build {build * 1e6:7.1f})  pipelined {pipelined * 1e6:8.1f} us ({1 / pipelined:6.1f} tok/s)",
           flush=True)

@@ -137,7 +137,7 @@ class Model:
     @property
     def nbytes(self) -> int:
         """Bytes held by the weights (what residency costs, before KV caches)."""
-        return sum(a.nbytes for a in flat_parameters(self.network).values())
+        return _bytes(self.network)
 
     @property
     def decode_bytes(self) -> int:
@@ -322,7 +322,7 @@ def decode_weight_bytes(network: nn.Module) -> int:
     modules = named_modules(network)
     heads = {id(m) for _, p in modules if isinstance(p, Projections) for m in p.matrices}
     routes = [(path, m) for path, m in modules if isinstance(m, Route)]
-    total = float(sum(a.nbytes for a in flat_parameters(network).values()))
+    total = float(_bytes(network))
     for path, m in modules:
         if isinstance(m, Embedding) and id(m) not in heads and m.num_embeddings > 0:
             total -= _bytes(m) * (1 - 1 / m.num_embeddings)

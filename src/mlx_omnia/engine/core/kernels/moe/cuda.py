@@ -40,25 +40,11 @@ MAX_ROWS_STAGED = 10240  # input values one block stages in shared memory (40 KB
 MOE_HEADER = QMV_HEADER + r"""
 namespace omnia {
 
-// The staged inputs of chunk c of input row `row` (and their sum and unscale, for quantized
-// weights).
-template <typename T, int BITS, int K>
-__device__ __forceinline__ float2 staged_chunk(const float* xq, const float2* xsum, const T* xs,
-                                              int row, int c, float* xf) {
-  constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
-  constexpr int CHUNKS = K / VPC;
-  if constexpr (BITS == 0) {
-    unpack8<T>(reinterpret_cast<const uint4*>(xs + (size_t)row * K)[c], xf);
-    return make_float2(0.f, 1.f);
-  } else {
-    const float4* src = reinterpret_cast<const float4*>(xq + (size_t)row * K);
-#pragma unroll
-    for (int q = 0; q < VPC / 4; ++q) {
-      const float4 v = src[q * CHUNKS + c];
-      xf[4 * q] = v.x; xf[4 * q + 1] = v.y; xf[4 * q + 2] = v.z; xf[4 * q + 3] = v.w;
-    }
-    return xsum[row * CHUNKS + c];
-  }
+// Dense weights: the 8 inputs of chunk c of input row `row`, staged as T in xs [row][K]
+// (quantized weights read theirs through QmvRow::dot_staged).
+template <typename T, int K>
+__device__ __forceinline__ void dense_chunk(const T* xs, int row, int c, float* xf) {
+  unpack8<T>(reinterpret_cast<const uint4*>(xs + (size_t)row * K)[c], xf);
 }
 
 // ORDER 0: softmax over every expert, top k of the probabilities (NORMALIZE: divided by their
@@ -158,9 +144,9 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
                       float* d) {
     if constexpr (BITS == 0) {
       float xf[VPC];
-      const float2 sx = staged_chunk<T, BITS, K>(xq, xsum, xs, 0, c, xf);
-      d[0] = Row::dot(gl, xf, sx);
-      d[1] = Row::dot(ul, xf, sx);
+      dense_chunk<T, K>(xs, 0, c, xf);
+      d[0] = Row::dot(gl, xf, make_float2(0.f, 1.f));
+      d[1] = Row::dot(ul, xf, make_float2(0.f, 1.f));
     } else {
       const typename Row::Load ls[2] = {gl, ul};
       Row::template dot_staged<2>(ls, xq, c, xsum[c], d);
@@ -217,7 +203,8 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
     auto one_dot = [&](int c, const typename Row::Load& l) -> float {
       if constexpr (BITS == 0) {
         float xf[VPC];
-        return Row::dot(l, xf, staged_chunk<T, BITS, K>(xq, xsum, xs, j, c, xf));
+        dense_chunk<T, K>(xs, j, c, xf);
+        return Row::dot(l, xf, make_float2(0.f, 1.f));
       } else {
         float d[1];
         Row::template dot_staged<1>(&l, xq + (size_t)j * K, c, xsum[j * CHUNKS + c], d);
