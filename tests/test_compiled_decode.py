@@ -34,10 +34,33 @@ def test_compiled_steps_match_eager_logits_across_buffer_growth(tiny) -> None:  
         want = np.array(net(ids, eager_cache)[0, -1, :])
         got = np.array(step(ids))
         worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
-    step.release()
     assert all(isinstance(c, StaticKVCache) for c in step.caches)
     assert step.caches[0].capacity >= len(prompt) + len(forced)
+    step.release()
+    assert step.caches[0].capacity == 0  # the sequence's buffers are let go
     assert worst < 1e-5
+
+
+def test_a_dropped_decoding_hands_its_traced_step_to_the_next(tiny) -> None:  # type: ignore[no-untyped-def]
+    """A sequence dropped without close() still returns its compiled step (and its traces), so
+    a new sequence does not trace the step again; the reused step computes the same logits."""
+    prompt = list(range(3, 30))
+
+    def run() -> tuple[object, np.ndarray]:
+        decoding = tiny.decoding()
+        decoding.feed(prompt)
+        rows = [np.array(decoding.feed([t])[-1]) for t in (5, 6, 7)]
+        return decoding._step, np.stack(rows)  # pyright: ignore[reportPrivateUsage]
+
+    first, want = run()
+    second, got = run()
+    assert first is not None and second is first
+    np.testing.assert_array_equal(got, want)
+    with tiny.decoding() as decoding:
+        decoding.feed(prompt)
+        decoding.feed([5])
+        assert decoding._step is first  # pyright: ignore[reportPrivateUsage]
+    assert decoding._step is None  # pyright: ignore[reportPrivateUsage]
 
 
 def test_generation_is_identical_with_and_without_compile(

@@ -66,7 +66,9 @@ class Decoding:
     """One sequence being decoded: `feed` runs ids through the network, extending the cache.
 
     Single-token feeds after the first feed run the compiled decode step (as generation does),
-    unless OMNIA_COMPILE=0. `close` hands the compiled step back for reuse."""
+    unless OMNIA_COMPILE=0. `close` hands the compiled step (its traces) back to the network for
+    the next sequence; a Decoding that is dropped without `close` hands it back then (otherwise
+    every new sequence would trace the step again: ~0.1 s for a 36-layer model on the H200)."""
 
     def __init__(self, network: Network) -> None:
         self._network = network
@@ -105,6 +107,15 @@ class Decoding:
         if self._step is not None:
             self._step.release()
             self._step = None
+
+    def __enter__(self) -> Decoding:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class Model:

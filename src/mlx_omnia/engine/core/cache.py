@@ -96,6 +96,12 @@ class StaticKVCache:
         self.state["offset"] = mx.array(cache.offset, dtype=mx.int32)
         self._start = self.state["offset"]
 
+    def drop(self) -> None:
+        """Let go of the buffers (the sequence ended); `load` gives the cache new ones."""
+        keys, values = self.state["keys"], self.state["values"]
+        self.state["keys"] = mx.zeros((*keys.shape[:2], 0, keys.shape[3]), keys.dtype)
+        self.state["values"] = mx.zeros((*values.shape[:2], 0, values.shape[3]), values.dtype)
+
     @property
     def capacity(self) -> int:
         return self.state["keys"].shape[2]

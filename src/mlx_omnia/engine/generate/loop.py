@@ -80,6 +80,10 @@ class CompiledStep:
         return step
 
     def release(self) -> None:
+        """Keep this step (its traces) on the network for the next sequence; the sequence's
+        cache buffers are let go now, `acquire` loads the next one's."""
+        for cache in self.caches:
+            cache.drop()
         setattr(self._network, self._IDLE, self)
 
     def __call__(self, token: mx.array) -> mx.array:
