@@ -39,7 +39,7 @@ def time_feed(feed: measure.Feed, steps: int) -> tuple[float, float, float, floa
     """(waited, host-only, pipelined, build) seconds per decode step of one sequence; build is
     the part of host-only spent building the step's graph (Python, compiled-function replay),
     before mx.async_eval hands it to MLX's evaluator."""
-    mx.eval(*feed(list(range(1, 129))))
+    mx.eval(*feed(list(range(1, 1 + int(os.environ.get("OVERHEAD_PROMPT", "128"))))))
     for t in range(4):
         mx.eval(*feed([3 + t]))
     wait: list[float] = []

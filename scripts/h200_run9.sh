@@ -7,6 +7,11 @@
 # H: host time under MLX's CUDA graph knobs (MLX_USE_CUDA_GRAPHS=0, one graph a token).
 # P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
+# A: host time with glibc's malloc against jemalloc (LD_PRELOAD), omnia and mlx-lm, 4-bit dense
+#    and the MoE (16 layers), each twice. The benches under jemalloc:
+#    `LD_PRELOAD=$PWD/.device-tools/libjemalloc.so.2 bash scripts/h200_run9.sh E 4` (or C).
+# Y: py-spy host profile (native frames) of the 4-bit dense step. A and Y need .device-tools in
+#    the carry (scripts/fetch_device_tools.sh).
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
@@ -76,6 +81,28 @@ elif [ "$1" = H ]; then
         python3 scripts/h200_overhead.py $m 2>&1 | grep -v "^Device" | tee -a $OUT/host_knobs.txt
     done
   done
+elif [ "$1" = A ]; then
+  JE=$PWD/.device-tools/libjemalloc.so.2
+  export OVERHEAD_SKIP_CHAIN=1 OVERHEAD_NO_GENERATE=1 OVERHEAD_PREQUANTIZE=1 OVERHEAD_PROMPT=512
+  for m in "qwen3-4b 4 36 128" "qwen3-30b-a3b 4 16 128"; do
+    for pre in "" "$JE" "" "$JE"; do
+      echo "-- LD_PRELOAD=${pre:-none}"
+      LD_PRELOAD=$pre OVERHEAD_CKPT=/tmp/ck_${m// /_} timeout 150 python3 scripts/h200_overhead.py $m \
+        2>&1 | grep -v "^Device" | tee -a $OUT/malloc.txt
+    done
+  done
+elif [ "$1" = Y ]; then
+  # py-spy's native unwinding is slow: a low rate and a bounded run, else it
+  # falls behind and is killed before it writes (2026-12-03)
+  rm -rf /tmp/pyspy && mkdir -p /tmp/pyspy && (cd /tmp/pyspy && python3 -m zipfile -e $OLDPWD/.device-tools/py_spy-*.whl .)
+  SPY=$(ls /tmp/pyspy/py_spy-*.data/scripts/py-spy); chmod +x $SPY
+  export OVERHEAD_PREQUANTIZE=1 OVERHEAD_SKIP_CHAIN=1 OVERHEAD_NO_GENERATE=1 OVERHEAD_ARMS=omnia OVERHEAD_CKPT=/tmp/ck
+  timeout 120 python3 scripts/h200_overhead.py qwen3-4b 4 36 8 2>&1 | tail -1  # writes the checkpoint, compiles the kernels
+  timeout 200 $SPY record --native -r ${RATE:-40} -f raw -o /tmp/spy_q4.txt -- \
+    python3 scripts/h200_overhead.py qwen3-4b 4 36 ${STEPS:-1500} 2>&1 | tail -3
+  [ -f /tmp/spy_q4.txt ] && gzip -c /tmp/spy_q4.txt > $OUT/spy_q4.txt.gz
+  [ -f /tmp/spy_q4.txt ] && for mk in time_feed async_eval CompiledStep.__call__; do
+    python3 scripts/spy_report.py /tmp/spy_q4.txt $mk 45; done | tee $OUT/spy_q4_report.txt
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
   timeout ${CT:-400} $B --runs ${RUNS:-3} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
