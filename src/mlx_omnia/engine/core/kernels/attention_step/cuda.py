@@ -333,7 +333,9 @@ def launcher(
         f"{float(spec.k_eps or 0.0)!r}f, {float(spec.scale)!r}f, k_cache_shape[2]);\n",
         ATTENTION_HEADER,
     )
-    shapes = [(spec.slices, h, d), (spec.slices, h, 2), (*lead, h * d), (1,)]
+    # next_pos is 0-d, the cache offset's own shape: a reshape after the launch would be one
+    # more primitive per layer and token for MLX to dispatch
+    shapes = [(spec.slices, h, d), (spec.slices, h, 2), (*lead, h * d), ()]
     dtypes = [mx.float32, mx.float32, spec.dtype, mx.int32]
     grid = (spec.n_kv_heads * spec.slices * 128, 1, 1)
 
@@ -342,7 +344,7 @@ def launcher(
             inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
             threadgroup=(128, 1, 1),
         )
-        return outs[2], outs[3].reshape(())
+        return outs[2], outs[3]
 
     return call
 
