@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 import numpy as np
@@ -45,12 +48,13 @@ class Sampler:
             seen = np.zeros((vocab_size,), np.bool_)
             seen[[t for t in prompt_ids if 0 <= t < vocab_size]] = True
             self._seen = mx.array(seen.tolist())
-        self._ids = mx.arange(vocab_size)
         self._counts: mx.array | None = None
         if params.presence_penalty or params.frequency_penalty:
             self._counts = mx.zeros((vocab_size,), mx.float32)
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._key = mx.random.key(seed)
+        # what the compiled step bakes in (the bias values and the key are its inputs)
+        self._setting = dataclasses.replace(params, logit_bias=None, seed=None)
 
     @property
     def greedy(self) -> bool:
@@ -58,45 +62,78 @@ class Sampler:
 
     def __call__(self, logits: mx.array) -> mx.array:
         """logits [V] (any float dtype) -> token id, an int32 scalar array (lazy)."""
-        x = logits.astype(mx.float32)[: self.vocab_size]
-        if self._bias is not None:
-            x = x + self._bias[: x.shape[0]]
+        step = _compiled_step(self._setting, self.vocab_size, self._bias is not None,
+                              self._seen is not None, self._counts is not None)
+        state = [a for a in (self._bias, self._seen, self._counts) if a is not None]
+        token, self._key, *tracked = step(logits, self._key, *state)
         if self._seen is not None:
-            rp = self.p.repetition_penalty
-            penalized = mx.where(x < 0, x * rp, x / rp)
-            x = mx.where(self._seen[: x.shape[0]], penalized, x)
+            self._seen = tracked.pop(0)
         if self._counts is not None:
-            counts = self._counts[: x.shape[0]]
-            x = x - self.p.frequency_penalty * counts - self.p.presence_penalty * (counts > 0)
-        token = self._greedy(x) if self.greedy else self._sample(x)
-        self._observe(token)
+            self._counts = tracked.pop(0)
         return token
 
-    def _observe(self, token: mx.array) -> None:
-        if self._seen is not None:
-            self._seen = self._seen | (self._ids == token)
-        if self._counts is not None:
-            self._counts = self._counts + (self._ids == token)
 
-    @staticmethod
-    def _greedy(x: mx.array) -> mx.array:
-        return mx.argmax(x, axis=-1).astype(mx.int32)
+@functools.cache
+def _compiled_step(
+    p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool
+) -> Callable[..., list[mx.array]]:
+    """One sampling step as one compiled function, (logits, key, [bias], [seen], [counts]) ->
+    [token, key, [seen], [counts]]: a handful of primitives a token instead of ~20 dispatched
+    one by one. Cached per setting (the logit bias values and the seed are inputs, not
+    constants, so requests that differ only in those share it)."""
+    ids = mx.arange(vocab_size)
 
-    def _sample(self, x: mx.array) -> mx.array:
-        p = self.p
-        x = x / p.temperature
-        if p.top_k and 0 < p.top_k < x.shape[0]:
-            kth = mx.sort(x)[-p.top_k]
-            x = mx.where(x < kth, -mx.inf, x)
-        if p.min_p > 0.0:
-            probs = mx.softmax(x, axis=-1)
-            x = mx.where(probs < p.min_p * probs.max(), -mx.inf, x)
-        if p.top_p < 1.0:
-            order = mx.argsort(-x)
-            sorted_probs = mx.softmax(x[order], axis=-1)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-            before = mx.cumsum(sorted_probs) - sorted_probs
-            kept_sorted = mx.where(before < p.top_p, x[order], mx.inf)
-            x = mx.where(x >= kept_sorted.min(), x, -mx.inf)
-        self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(x, key=sub).astype(mx.int32)
+    def step(logits: mx.array, key: mx.array, *state: mx.array) -> list[mx.array]:
+        rest = list(state)
+        x = logits.astype(mx.float32)[:vocab_size]
+        if bias:
+            x = x + rest.pop(0)[: x.shape[0]]
+        seen_ids = rest.pop(0) if seen else None
+        counts_v = rest.pop(0) if counts else None
+        if seen_ids is not None:
+            rp = p.repetition_penalty
+            penalized = mx.where(x < 0, x * rp, x / rp)
+            x = mx.where(seen_ids[: x.shape[0]], penalized, x)
+        if counts_v is not None:
+            c = counts_v[: x.shape[0]]
+            x = x - p.frequency_penalty * c - p.presence_penalty * (c > 0)
+        if p.temperature <= 0.0:
+            token = mx.argmax(x, axis=-1).astype(mx.int32)
+        else:
+            key, sub = mx.random.split(key)
+            token = mx.random.categorical(truncate(x / p.temperature, p), key=sub).astype(mx.int32)
+        out = [token, key]
+        hit = ids == token
+        if seen_ids is not None:
+            out.append(seen_ids | hit)
+        if counts_v is not None:
+            out.append(counts_v + hit)
+        return out
+
+    return cast(Callable[..., list[mx.array]], mx.compile(step))
+
+
+def truncate(x: mx.array, p: SamplingParams) -> mx.array:
+    """Logits [V] (already divided by the temperature) with the tokens that top-k, min-p and
+    top-p (in that order) leave out set to -inf.
+
+    top-k keeps every value >= the k-th largest (ties included), found with `mx.topk` (no sort
+    of the vocabulary). top-p keeps the smallest prefix of the values in decreasing order whose
+    probability mass reaches top_p (the first always stays), then every value >= the last one
+    kept; after top-k only the k candidates are sorted."""
+    if p.top_k and 0 < p.top_k < x.shape[0]:
+        x = mx.where(x < mx.topk(x, p.top_k).min(), -mx.inf, x)
+    if p.min_p > 0.0:
+        probs = mx.softmax(x, axis=-1)
+        x = mx.where(probs < p.min_p * probs.max(), -mx.inf, x)
+    if p.top_p < 1.0:
+        # The candidates in decreasing order: the top k when top-k ran (the rest are -inf and
+        # carry no mass), else the whole vocabulary; probabilities as softmax over all of x.
+        k = p.top_k if p.top_k and 0 < p.top_k < x.shape[0] else 0
+        vals = -mx.sort(-(mx.topk(x, k) if k else x))
+        top = x.max()
+        probs = mx.exp(vals - top) / mx.exp(x - top).sum()
+        before = mx.cumsum(probs) - probs
+        kept = mx.where(before < p.top_p, vals, mx.inf)
+        x = mx.where(x >= kept.min(), x, -mx.inf)
+    return x

@@ -1,0 +1,81 @@
+"""The sampler's truncations (top-k, min-p, top-p) against a plain numpy statement of them, and
+the compiled sampling step against itself across settings."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams, truncate
+
+
+def kept_reference(x: np.ndarray, top_k: int, min_p: float, top_p: float) -> set[int]:
+    """The tokens left in, stated directly: top-k by rank, min-p against the largest
+    probability, top-p as the smallest prefix by decreasing probability reaching the mass."""
+    keep = np.ones(x.shape[0], bool)
+    if 0 < top_k < x.shape[0]:
+        keep &= x >= np.sort(x)[-top_k]
+    if min_p > 0:
+        probs = np.exp(np.where(keep, x, -np.inf) - x[keep].max())
+        probs /= probs.sum()
+        keep &= probs >= min_p * probs.max()
+    if top_p < 1:
+        probs = np.exp(np.where(keep, x, -np.inf) - x[keep].max())
+        probs /= probs.sum()
+        order = np.argsort(-probs, kind="stable")
+        mass = np.cumsum(probs[order])
+        n = int(np.searchsorted(mass, top_p - 1e-12)) + 1
+        keep &= np.isin(np.arange(x.shape[0]), order[:n]) | (x >= x[order[n - 1]])
+    return set(np.flatnonzero(keep).tolist())
+
+
+@pytest.mark.parametrize(
+    ("top_k", "min_p", "top_p"),
+    [(0, 0.0, 1.0), (1, 0.0, 1.0), (20, 0.0, 1.0), (0, 0.0, 0.9), (0, 0.0, 0.3), (20, 0.0, 0.95),
+     (50, 0.0, 0.5), (0, 0.05, 1.0), (40, 0.02, 0.8), (3, 0.0, 0.999)],
+)
+@pytest.mark.parametrize("scale", [0.5, 3.0])
+def test_truncate_keeps_what_the_definitions_keep(
+    top_k: int, min_p: float, top_p: float, scale: float
+) -> None:
+    rng = np.random.default_rng(int(scale * 10) + top_k)
+    for vocab in (300, 5000):
+        x = (rng.standard_normal(vocab) * scale).astype(np.float32)
+        p = SamplingParams(temperature=1.0, top_k=top_k, min_p=min_p, top_p=top_p)
+        got = np.array(truncate(mx.array(x), p))
+        kept = set(np.flatnonzero(np.isfinite(got)).tolist())
+        assert kept == kept_reference(x, top_k, min_p, top_p)
+        np.testing.assert_array_equal(got[np.isfinite(got)], x[np.isfinite(got)])
+
+
+def test_truncate_keeps_ties_at_the_kth_value() -> None:
+    x = mx.array([3.0, 1.0, 2.0, 2.0, 2.0, 0.0])
+    got = np.array(truncate(x, SamplingParams(temperature=1.0, top_k=2, top_p=0.99)))
+    assert np.isfinite(got).tolist() == [True, False, True, True, True, False]
+
+
+def test_sampled_tokens_stay_inside_the_truncation() -> None:
+    rng = np.random.default_rng(3)
+    logits = mx.array(rng.standard_normal(2000).astype(np.float32))
+    p = SamplingParams(temperature=0.8, top_k=30, top_p=0.7, seed=11)
+    allowed = set(np.flatnonzero(np.isfinite(np.array(truncate(logits / 0.8, p)))).tolist())
+    sampler = Sampler(p, 2000, [])
+    drawn = {int(sampler(logits).item()) for _ in range(200)}
+    assert drawn <= allowed and len(drawn) > 1
+
+
+def test_a_seed_replays_and_settings_share_a_compiled_step() -> None:
+    rng = np.random.default_rng(4)
+    rows = [mx.array(rng.standard_normal(1000).astype(np.float32)) for _ in range(20)]
+
+    def draw(p: SamplingParams) -> list[int]:
+        sampler = Sampler(p, 1000, [1, 2, 3])
+        return [int(sampler(r).item()) for r in rows]
+
+    base = SamplingParams(temperature=1.0, top_p=0.9, seed=5, repetition_penalty=1.2,
+                          frequency_penalty=0.5, logit_bias={7: 2.0})
+    assert draw(base) == draw(base)
+    assert draw(base) != draw(SamplingParams(**{**base.__dict__, "seed": 6}))
+    greedy = draw(SamplingParams())
+    assert greedy == [int(np.argmax(np.array(r))) for r in rows]
