@@ -79,3 +79,24 @@ def test_a_seed_replays_and_settings_share_a_compiled_step() -> None:
     assert draw(base) != draw(SamplingParams(**{**base.__dict__, "seed": 6}))
     greedy = draw(SamplingParams())
     assert greedy == [int(np.argmax(np.array(r))) for r in rows]
+
+
+def test_the_same_setting_samples_in_another_thread() -> None:
+    """A compiled step traced in one thread is never handed to another (MLX binds a trace's
+    operations to the tracing thread's streams): the server's engine thread and a caller's
+    thread can sample with the same setting."""
+    import threading
+
+    rows = [mx.array(np.random.default_rng(i).standard_normal(500).astype(np.float32)) for i in range(5)]
+    p = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=3, repetition_penalty=1.1)
+
+    def draw() -> list[int]:
+        sampler = Sampler(p, 500, [4])
+        return [int(sampler(r).item()) for r in rows]
+
+    here = draw()
+    there: list[list[int]] = []
+    worker = threading.Thread(target=lambda: there.append(draw()))
+    worker.start()
+    worker.join()
+    assert there == [here]

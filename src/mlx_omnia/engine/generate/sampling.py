@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -73,15 +73,37 @@ class Sampler:
         return token
 
 
-@functools.cache
+_PER_THREAD = threading.local()
+_MAX_SETTINGS = 64  # compiled steps kept per thread (API clients send many temperatures)
+
+
 def _compiled_step(
     p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool
 ) -> Callable[..., list[mx.array]]:
     """One sampling step as one compiled function, (logits, key, [bias], [seen], [counts]) ->
     [token, key, [seen], [counts]]: a handful of primitives a token instead of ~20 dispatched
     one by one. Cached per setting (the logit bias values and the seed are inputs, not
-    constants, so requests that differ only in those share it)."""
+    constants, so requests that differ only in those share it) and per thread: MLX binds a
+    trace's operations to the streams of the thread that traced it."""
+    steps: dict[tuple[object, ...], Callable[..., list[mx.array]]] | None = getattr(
+        _PER_THREAD, "steps", None
+    )
+    if steps is None:
+        steps = _PER_THREAD.steps = {}
+    key = (p, vocab_size, bias, seen, counts)
+    step = steps.get(key)
+    if step is None:
+        if len(steps) >= _MAX_SETTINGS:
+            steps.clear()
+        step = steps[key] = _build_step(p, vocab_size, bias, seen, counts)
+    return step
+
+
+def _build_step(
+    p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool
+) -> Callable[..., list[mx.array]]:
     ids = mx.arange(vocab_size)
+    mx.eval(ids)  # pyright: ignore[reportUnknownMemberType]
 
     def step(logits: mx.array, key: mx.array, *state: mx.array) -> list[mx.array]:
         rest = list(state)
