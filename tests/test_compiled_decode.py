@@ -105,3 +105,21 @@ def test_static_cache_masks_a_sliding_window() -> None:
         outs.append(np.array(step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], static)))  # type: ignore[arg-type]
     want = np.array(step(q, k, v, None))[:, :, 5:]
     assert np.abs(np.concatenate(outs, axis=2) - want).max() < 1e-5
+
+
+def test_generations_in_two_threads_share_the_idle_step(tiny) -> None:  # type: ignore[no-untyped-def]
+    """The idle compiled step (traced in this thread) serves a generation in another thread:
+    everything it captured is evaluated, so no operation waits on this thread's streams (the
+    server's engine thread and a library caller may share a model)."""
+    import threading
+
+    options = GenerationOptions(max_tokens=6, temperature=0)
+    here = tiny.generate("a prompt for two threads", options).token_ids
+    there: list[tuple[int, ...]] = []
+    worker = threading.Thread(
+        target=lambda: there.append(tiny.generate("a prompt for two threads", options).token_ids)
+    )
+    worker.start()
+    worker.join()
+    assert there == [here]
+    assert tiny.generate("a prompt for two threads", options).token_ids == here

@@ -82,9 +82,8 @@ def test_a_seed_replays_and_settings_share_a_compiled_step() -> None:
 
 
 def test_the_same_setting_samples_in_another_thread() -> None:
-    """A compiled step traced in one thread is never handed to another (MLX binds a trace's
-    operations to the tracing thread's streams): the server's engine thread and a caller's
-    thread can sample with the same setting."""
+    """The server's engine thread and a caller's thread can sample with the same setting (a
+    compiled step shared between them once failed on a lazy constant of the other thread)."""
     import threading
 
     rows = [mx.array(np.random.default_rng(i).standard_normal(500).astype(np.float32)) for i in range(5)]

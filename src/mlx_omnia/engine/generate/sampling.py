@@ -83,8 +83,9 @@ def _compiled_step(
     """One sampling step as one compiled function, (logits, key, [bias], [seen], [counts]) ->
     [token, key, [seen], [counts]]: a handful of primitives a token instead of ~20 dispatched
     one by one. Cached per setting (the logit bias values and the seed are inputs, not
-    constants, so requests that differ only in those share it) and per thread: MLX binds a
-    trace's operations to the streams of the thread that traced it."""
+    constants, so requests that differ only in those share it) and per thread: MLX streams
+    are per thread, and a step shared with a thread that had made its vocabulary ids lazily
+    failed there with "no Stream(cpu, 16) in current thread" (the ids are evaluated now too)."""
     steps: dict[tuple[object, ...], Callable[..., list[mx.array]]] | None = getattr(
         _PER_THREAD, "steps", None
     )
