@@ -4,6 +4,10 @@ from pathlib import Path
 
 import pytest
 
+# The engine first: it loads the system OpenBLAS before anything imports mlx.core
+# (engine/blas.py), as a user's `import mlx_omnia` does; a test module importing mlx.core
+# first would leave the whole session on MLX's reference BLAS.
+import mlx_omnia.engine  # noqa: F401  # pyright: ignore[reportUnusedImport]
 from tests.fixtures.tiny import write_tiny_llama
 
 

@@ -3,6 +3,13 @@
 from mlx_omnia.engine import blas
 
 blas.preload()  # before anything imports mlx.core
+if (_late := blas.late_warning()) is not None:
+    import mlx.core as _mx  # imported already (that is the warning's cause)
+
+    if _mx.default_device() == _mx.cpu:
+        import warnings
+
+        warnings.warn(_late, RuntimeWarning, stacklevel=2)
 
 # ruff: noqa: E402
 

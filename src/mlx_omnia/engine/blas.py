@@ -16,6 +16,7 @@ import sys
 CANDIDATES = ("libopenblas.so.0", "libopenblas.so")
 
 loaded: str | None = None
+too_late = False  # mlx.core was imported before the engine: MLX keeps the BLAS it ships
 
 
 def preload() -> str | None:
@@ -25,7 +26,9 @@ def preload() -> str | None:
     if loaded is not None or choice == "0" or not sys.platform.startswith("linux"):
         return loaded
     if "mlx.core" in sys.modules:
-        return None  # too late: MLX already bound its BLAS symbols
+        global too_late
+        too_late = True  # MLX already bound its BLAS symbols (Python loads with RTLD_NOW)
+        return None
     names = [choice] if choice else [*CANDIDATES, ctypes.util.find_library("openblas") or ""]
     for name in names:
         if not name:
@@ -37,3 +40,19 @@ def preload() -> str | None:
         loaded = name
         return loaded
     return None
+
+
+def late_warning() -> str | None:
+    """The warning to give when mlx.core came first on a Linux CPU and an OpenBLAS is there to
+    be used (None otherwise): float32 matmuls then run on the reference BLAS MLX ships."""
+    if not too_late or os.environ.get("OMNIA_BLAS", "") == "0":
+        return None
+    found = ctypes.util.find_library("openblas")
+    if found is None:
+        return None
+    return (
+        f"mlx.core was imported before mlx_omnia, so MLX's CPU backend keeps the reference BLAS "
+        f"it ships and float32 matmuls run ~20x slower than with the system {found}. Import "
+        f"mlx_omnia before mlx, or start Python with LD_PRELOAD={found}; OMNIA_BLAS=0 silences "
+        f"this."
+    )
