@@ -21,12 +21,11 @@ too_late = False  # mlx.core was imported before the engine: MLX keeps the BLAS 
 
 def preload() -> str | None:
     """Load an OpenBLAS globally if on Linux, not disabled, and MLX is not imported yet."""
-    global loaded
+    global loaded, too_late
     choice = os.environ.get("OMNIA_BLAS", "")
     if loaded is not None or choice == "0" or not sys.platform.startswith("linux"):
         return loaded
     if "mlx.core" in sys.modules:
-        global too_late
         too_late = True  # MLX already bound its BLAS symbols (Python loads with RTLD_NOW)
         return None
     names = [choice] if choice else [*CANDIDATES, ctypes.util.find_library("openblas") or ""]

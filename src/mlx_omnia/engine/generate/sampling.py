@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -33,8 +33,6 @@ class Sampler:
     random key, so a fixed seed reproduces a sequence exactly."""
 
     def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids: list[int]) -> None:
-        self.p = params
-        self.vocab_size = vocab_size
         self._bias: mx.array | None = None
         if params.logit_bias:
             bias = np.zeros((vocab_size,), np.float32)
@@ -53,19 +51,17 @@ class Sampler:
             self._counts = mx.zeros((vocab_size,), mx.float32)
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._key = mx.random.key(seed)
-        # what the compiled step bakes in (the bias values and the key are its inputs)
-        self._setting = dataclasses.replace(params, logit_bias=None, seed=None)
-
-    @property
-    def greedy(self) -> bool:
-        return self.p.temperature <= 0.0
+        # One compiled step for the sequence: the setting is baked in, the bias values, the
+        # key and the penalty state are its inputs.
+        self._step = _compiled_step(
+            dataclasses.replace(params, logit_bias=None, seed=None), vocab_size,
+            self._bias is not None, self._seen is not None, self._counts is not None,
+        )
 
     def __call__(self, logits: mx.array) -> mx.array:
         """logits [V] (any float dtype) -> token id, an int32 scalar array (lazy)."""
-        step = _compiled_step(self._setting, self.vocab_size, self._bias is not None,
-                              self._seen is not None, self._counts is not None)
         state = [a for a in (self._bias, self._seen, self._counts) if a is not None]
-        token, self._key, *tracked = step(logits, self._key, *state)
+        token, self._key, *tracked = self._step(logits, self._key, *state)
         if self._seen is not None:
             self._seen = tracked.pop(0)
         if self._counts is not None:
@@ -73,36 +69,16 @@ class Sampler:
         return token
 
 
-_PER_THREAD = threading.local()
-_MAX_SETTINGS = 64  # compiled steps kept per thread (API clients send many temperatures)
-
-
+@functools.lru_cache(maxsize=64)  # API clients send many temperatures
 def _compiled_step(
     p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool
 ) -> Callable[..., list[mx.array]]:
     """One sampling step as one compiled function, (logits, key, [bias], [seen], [counts]) ->
     [token, key, [seen], [counts]]: a handful of primitives a token instead of ~20 dispatched
-    one by one. Cached per setting (the logit bias values and the seed are inputs, not
-    constants, so requests that differ only in those share it) and per thread: MLX streams
-    are per thread, and a step shared with a thread that had made its vocabulary ids lazily
-    failed there with "no Stream(cpu, 16) in current thread" (the ids are evaluated now too)."""
-    steps: dict[tuple[object, ...], Callable[..., list[mx.array]]] | None = getattr(
-        _PER_THREAD, "steps", None
-    )
-    if steps is None:
-        steps = _PER_THREAD.steps = {}
-    key = (p, vocab_size, bias, seen, counts)
-    step = steps.get(key)
-    if step is None:
-        if len(steps) >= _MAX_SETTINGS:
-            steps.clear()
-        step = steps[key] = _build_step(p, vocab_size, bias, seen, counts)
-    return step
-
-
-def _build_step(
-    p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool
-) -> Callable[..., list[mx.array]]:
+    one by one. Shared by every sequence with the same setting, in any thread (the logit bias
+    values and the seed are inputs, not constants)."""
+    # Evaluated here: a lazy constant would stay bound to this thread's stream, and a step
+    # used from another thread then failed with "no Stream(cpu, N) in current thread".
     ids = mx.arange(vocab_size)
     mx.eval(ids)  # pyright: ignore[reportUnknownMemberType]
 
@@ -144,15 +120,15 @@ def truncate(x: mx.array, p: SamplingParams) -> mx.array:
     of the vocabulary). top-p keeps the smallest prefix of the values in decreasing order whose
     probability mass reaches top_p (the first always stays), then every value >= the last one
     kept; after top-k only the k candidates are sorted."""
-    if p.top_k and 0 < p.top_k < x.shape[0]:
-        x = mx.where(x < mx.topk(x, p.top_k).min(), -mx.inf, x)
+    k = p.top_k if 0 < p.top_k < x.shape[0] else 0
+    if k:
+        x = mx.where(x < mx.topk(x, k).min(), -mx.inf, x)
     if p.min_p > 0.0:
         probs = mx.softmax(x, axis=-1)
         x = mx.where(probs < p.min_p * probs.max(), -mx.inf, x)
     if p.top_p < 1.0:
         # The candidates in decreasing order: the top k when top-k ran (the rest are -inf and
         # carry no mass), else the whole vocabulary; probabilities as softmax over all of x.
-        k = p.top_k if p.top_k and 0 < p.top_k < x.shape[0] else 0
         vals = -mx.sort(-(mx.topk(x, k) if k else x))
         top = x.max()
         probs = mx.exp(vals - top) / mx.exp(x - top).sum()
