@@ -7,13 +7,15 @@ CUDA kernel binds (`*_applies` is false and every binding is the core)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
 
 from mlx_omnia.engine.core.binding import bind_layers
-from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.kernels import cuda_backend, header_include
 from mlx_omnia.engine.core.kernels.attention_step import attention_applies, attention_fits
 from mlx_omnia.engine.core.kernels.moe import (
     experts_applies,
@@ -386,3 +388,43 @@ def test_loaded_models_bind_only_core_implementations_on_the_cpu(tiny_llama_dir:
     assert model.bindings()
     assert set(model.bindings().values()) == {"core"}
     assert bind_layers(model.network) == model.bindings()
+
+
+# --- kernel headers: written once, included by path -------------------------------------------
+def test_a_kernel_header_is_included_from_a_file_named_by_its_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLX hashes a custom kernel's whole source at every launch: the header goes to a file and
+    the source includes it; the file's name is the content's hash, so another header is another
+    file (and another source to MLX)."""
+    monkeypatch.setenv("OMNIA_KERNEL_HEADERS", str(tmp_path / "h"))
+    header = "// test header one\n__device__ int omnia_test_one() { return 1; }\n"
+    line = header_include(header)
+    assert line.startswith('#include "') and line.endswith('"\n')
+    path = Path(line[len('#include "'):-2])
+    assert path.parent == tmp_path / "h"
+    assert path.read_text() == header
+    assert hashlib.sha256(header.encode()).hexdigest()[:32] in path.name
+    other = header_include(header + "// two\n")
+    assert other != line and Path(other[len('#include "'):-2]).read_text() == header + "// two\n"
+
+
+def test_a_kernel_header_file_with_other_content_is_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMNIA_KERNEL_HEADERS", str(tmp_path))
+    header = "// test header three\n"
+    path = tmp_path / f"omnia-{hashlib.sha256(header.encode()).hexdigest()[:32]}.cuh"
+    path.write_text("// truncated")
+    assert header_include(header) == f'#include "{path}"\n'
+    assert path.read_text() == header
+
+
+def test_a_kernel_header_stays_inline_where_no_file_can_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("OMNIA_KERNEL_HEADERS", str(blocker / "below"))
+    header = "// test header four\n"
+    assert header_include(header) == header
