@@ -123,3 +123,29 @@ def test_generations_in_two_threads_share_the_idle_step(tiny) -> None:  # type: 
     worker.join()
     assert there == [here]
     assert tiny.generate("a prompt for two threads", options).token_ids == here
+
+
+def test_a_prompt_fed_last_only_is_prefilled_as_generation_prefills_it(
+    tiny, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    """`Decoding.feed(prompt, last_only=True)` gives the last row of what feeding it whole
+    gives, through generation's chunked prefill (a small chunk here, so the prompt spans three),
+    and the sequence then decodes as the other does; a later feed of several ids (the compiled
+    step's eager path) takes `last_only` too."""
+    import mlx_omnia.engine.generate.loop as loop
+
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", 8)
+    prompt = list(range(3, 23))
+    a, b = tiny.decoding(), tiny.decoding()
+    whole, last = a.feed(prompt), b.feed(prompt, last_only=True)
+    assert whole.shape == (len(prompt), tiny.config["vocab_size"])
+    assert last.shape == (1, whole.shape[-1])
+    np.testing.assert_allclose(np.array(last), np.array(whole[-1:]), rtol=1e-5, atol=1e-5)
+    for token in (5, 9):
+        np.testing.assert_allclose(np.array(b.feed([token])), np.array(a.feed([token])),
+                                   rtol=1e-5, atol=1e-5)
+    more = [7, 11, 13]
+    np.testing.assert_allclose(np.array(b.feed(more, last_only=True)),
+                               np.array(a.feed(more)[-1:]), rtol=1e-5, atol=1e-5)
+    a.close()
+    b.close()

@@ -173,11 +173,13 @@ class Scripted(nn.Module):
         self._script, self._vocab, self._last = script, vocab, last
         self._step = 0
 
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+    def __call__(
+        self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
+    ) -> mx.array:
         token = self._script[self._step] if self._step < len(self._script) else self._last
         self._step += 1
         row = mx.zeros((self._vocab,)).at[token].add(1.0)
-        return mx.broadcast_to(row, (1, ids.shape[1], self._vocab))
+        return mx.broadcast_to(row, (1, 1 if last_only else ids.shape[1], self._vocab))
 
     def make_cache(self) -> list[KVCache]:
         self._step = 0

@@ -290,7 +290,7 @@ def test_small_model_greedy_tokens_agree_with_the_reference(
         mx.eval(la, lb, a.state(), b.state())
         mx.set_default_device(mx.cpu)
         try:
-            lc = c.feed(ids[:-1] + [token] if step == 0 else [token])
+            lc = c.feed([*ids[:-1], token] if step == 0 else [token])
             mx.eval(lc, c.state())
         finally:
             mx.set_default_device(gpu)

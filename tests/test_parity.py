@@ -119,7 +119,8 @@ def test_greedy_matches_transformers(variant: str, schema: str) -> None:
 @pytest.mark.parametrize(("variant", "schema"), CASES)
 def test_prefill_matches_stepwise(variant: str, schema: str) -> None:
     """The prompt's logits in one call without a cache equal those fed token by token through
-    the cache, and those of a prefill in two chunks (a causal mask over a cache offset)."""
+    the cache, and those of a prefill in two chunks (a causal mask over a cache offset); with
+    `last_only` the call gives the last row alone (the head on one row, as prefill runs it)."""
     ref = reference(variant)
     net = model(variant, schema).network
     prompt = parity.PROMPT_IDS
@@ -135,9 +136,14 @@ def test_prefill_matches_stepwise(variant: str, schema: str) -> None:
     rest = net(mx.array([prompt[split:]], dtype=mx.int32), cache)[0]
     chunked = numpy(mx.concatenate([first, rest]))
 
+    cache = net.make_cache()
+    last = numpy(net(mx.array([prompt], dtype=mx.int32), cache, last_only=True)[0])
+
     tol = tolerance(ref.info["fp32_fp64_spread"])
     assert rel(stepwise, full.astype(np.float64)) <= tol
     assert rel(chunked, full.astype(np.float64)) <= tol
+    assert last.shape == (1, full.shape[-1])
+    assert rel(last, full[-1:].astype(np.float64)) <= tol
     assert all(c.offset == len(prompt) for c in cache)
 
 

@@ -9,6 +9,7 @@ paired` runs this file as a script under another tree's `src`, which has no benc
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import statistics
@@ -28,8 +29,11 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
+MLX_LM_PREFILL_STEP = 2048  # generate_step's default prefill_step_size (mlx-lm 0.32)
 
-# feed(ids) -> (logits [len(ids), V], cache arrays): lazy, the caller evaluates them together.
+# feed(ids) -> (logits whose last row is the last id's, cache arrays): lazy, the caller evaluates
+# them together. One id is one decode step; several are a prompt, prefilled as each engine's
+# generation prefills one: the head (a vocabulary-sized matmul) runs for the last id alone.
 Feed = Callable[[Sequence[int]], tuple[mx.array, list[mx.array]]]
 
 
@@ -110,9 +114,14 @@ def omnia_arm(
                     os.environ[COMPILE_ENV] = saved
 
         def feed(ids: Sequence[int]) -> tuple[mx.array, list[mx.array]]:
+            if len(ids) > 1 and last_only:
+                return decoding.feed(ids, last_only=True), decoding.state()
             return decoding.feed(ids), decoding.state()
 
         return feed
+
+    # An older tree (`paired --ref`) may compute the head for every prompt row.
+    last_only = "last_only" in inspect.signature(model.decoding().feed).parameters
 
     # An older tree (`paired --ref`) may predate nbytes/bindings.
     nbytes = cast(int, getattr(model, "nbytes", 0))
@@ -156,10 +165,20 @@ def mlx_lm_arm(path: str, *, dtype: str, quantize: tuple[int, int] | None) -> Ar
     def new_sequence() -> Feed:
         cache = cache_module.make_prompt_cache(model)
 
+        def states() -> list[mx.array]:
+            return [cast(mx.array, a) for c in cache for a in c.state]
+
         def feed(ids: Sequence[int]) -> tuple[mx.array, list[mx.array]]:
-            logits = cast(mx.array, model(mx.array([list(ids)], dtype=mx.int32), cache=cache))
-            state = [cast(mx.array, a) for c in cache for a in c.state]
-            return logits[0], state
+            # a prompt as mlx-lm's generate_step prefills it: all but the last id in chunks of
+            # MLX_LM_PREFILL_STEP, each chunk's cache evaluated, then the last id alone
+            ids = list(ids)
+            while len(ids) > 1:
+                n = min(MLX_LM_PREFILL_STEP, len(ids) - 1)
+                model(mx.array([ids[:n]], dtype=mx.int32), cache=cache)
+                evaluate(states())
+                ids = ids[n:]
+            logits = cast(mx.array, model(mx.array([ids], dtype=mx.int32), cache=cache))
+            return logits[0], states()
 
         return feed
 

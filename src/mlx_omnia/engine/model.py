@@ -16,7 +16,13 @@ from mlx_omnia.engine.core.layers import Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
 from mlx_omnia.engine.core.mxcompat import flat_parameters, named_modules
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
-from mlx_omnia.engine.generate.loop import CompiledStep, Network, compile_enabled, generate_tokens
+from mlx_omnia.engine.generate.loop import (
+    CompiledStep,
+    Network,
+    compile_enabled,
+    generate_tokens,
+    prefill,
+)
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams
 from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
@@ -78,8 +84,11 @@ class Decoding:
         self._compile = compile_enabled(network)
         self.length = 0
 
-    def feed(self, ids: Sequence[int]) -> mx.array:
-        """Logits [len(ids), V] for `ids` following everything fed so far (lazy: evaluate them)."""
+    def feed(self, ids: Sequence[int], last_only: bool = False) -> mx.array:
+        """Logits [len(ids), V] for `ids` following everything fed so far (lazy: evaluate them);
+        with `last_only`, [1, V] for the last id alone: several ids are then prefilled as
+        generation prefills a prompt (chunks of PREFILL_CHUNK, each chunk's cache evaluated, the
+        head run on the last row only)."""
         batch = mx.array([list(ids)], dtype=mx.int32)
         if (
             self._step is None
@@ -89,12 +98,14 @@ class Decoding:
             and all(c.keys is not None for c in self._cache)
         ):
             self._step = CompiledStep.acquire(self._network, self._cache, self.length)
-        if self._step is None:
-            out = self._network(batch, self._cache)[0]
+        if self._step is None and last_only and len(ids) > 1:
+            out = prefill(self._network, list(ids), self._cache)[None]
+        elif self._step is None:
+            out = self._network(batch, self._cache, last_only)[0]
         elif len(ids) == 1:
             out = self._step(batch)[None]
         else:
-            out = self._step.feed_many(batch)
+            out = self._step.feed_many(batch, last_only)
         self.length += len(ids)
         return out
 

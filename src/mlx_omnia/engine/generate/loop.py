@@ -16,9 +16,13 @@ from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, named_modul
 
 
 class Network(Protocol):
-    """What the loop needs of a family's model: logits for ids given a per-layer cache."""
+    """What the loop needs of a family's model: logits for ids given a per-layer cache, for
+    every position, or with `last_only` for the last one alone ([B, 1, V]: the head, a
+    vocabulary-sized matmul, runs on one row; what a prompt's prefill needs)."""
 
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array: ...
+    def __call__(
+        self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
+    ) -> mx.array: ...
 
     def make_cache(self) -> list[KVCache]: ...
 
@@ -36,7 +40,7 @@ def prefill(network: Network, ids: list[int], cache: list[KVCache]) -> mx.array:
         network(mx.array([ids[start : start + PREFILL_CHUNK]], dtype=mx.int32), cache)
         evaluate([a for c in cache for a in c.state()])
         start += PREFILL_CHUNK
-    logits = network(mx.array([ids[start:]], dtype=mx.int32), cache)
+    logits = network(mx.array([ids[start:]], dtype=mx.int32), cache, last_only=True)
     return logits[0, -1, :]
 
 
@@ -92,12 +96,13 @@ class CompiledStep:
             cache.reserve(self.length)
         return self._step(token)
 
-    def feed_many(self, ids: mx.array) -> mx.array:
-        """Several tokens at once through the static caches (eager, not compiled): [L, V]."""
+    def feed_many(self, ids: mx.array, last_only: bool = False) -> mx.array:
+        """Several tokens at once through the static caches (eager, not compiled): [L, V], or
+        [1, V] with `last_only`."""
         self.length += ids.shape[1]
         for cache in self.caches:
             cache.reserve(self.length)
-        return self._network(ids, cast(list[KVCache], self.caches))[0]
+        return self._network(ids, cast(list[KVCache], self.caches), last_only)[0]
 
     def state(self) -> list[mx.array]:
         return [a for c in self.caches for a in c.arrays()]

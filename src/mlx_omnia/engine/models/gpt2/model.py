@@ -87,8 +87,12 @@ class Gpt2LMHeadModel(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.n_embd, cfg.vocab_size)
 
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+    def __call__(
+        self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
+    ) -> mx.array:
         h = self.transformer(ids, cache)
+        if last_only:
+            h = h[:, -1:]
         if self.config.tie_word_embeddings:
             return self.transformer.wte.as_linear(h)
         return self.lm_head(h)

@@ -95,8 +95,11 @@ class LlamaForCausalLM(nn.Module):
         table = self.model.embed_tokens if cfg.tie_word_embeddings else self.lm_head
         self.head = Projections((table,), norm=self.model.norm)
 
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
-        (logits,) = self.head(self.model.hidden(ids, cache))
+    def __call__(
+        self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
+    ) -> mx.array:
+        h = self.model.hidden(ids, cache)
+        (logits,) = self.head(h[:, -1:] if last_only else h)
         return logits
 
     def make_cache(self) -> list[KVCache]:

@@ -119,8 +119,12 @@ class OlmoeForCausalLM(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
 
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+    def __call__(
+        self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
+    ) -> mx.array:
         h = self.model(ids, cache)
+        if last_only:
+            h = h[:, -1:]
         if self.config.tie_word_embeddings:
             return self.model.embed_tokens.as_linear(h)
         return self.lm_head(h)

@@ -121,19 +121,25 @@ class Phi3ForCausalLM(nn.Module):
         # Crossing the longrope boundary reruns the prefix: that needs the eager cache.
         self.compile_decode = not self.longrope
 
-    def _logits(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+    def _logits(
+        self, ids: mx.array, cache: list[KVCache] | None, last_only: bool = False
+    ) -> mx.array:
         h = self.model(ids, cache)
+        if last_only:
+            h = h[:, -1:]
         if self.config.tie_word_embeddings:
             return self.model.embed_tokens.as_linear(h)
         return self.lm_head(h)
 
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+    def __call__(
+        self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
+    ) -> mx.array:
         if not self.longrope or cache is None or not isinstance(cache[0], Phi3Cache):
-            return self._logits(ids, cache)
+            return self._logits(ids, cache, last_only)
         first = cache[0]
         start, length = first.offset, ids.shape[1]
         if start > self.original_max:  # long already: nothing to remember or rerun
-            return self._logits(ids, cache)
+            return self._logits(ids, cache, last_only)
         seen = ids if first.ids is None else mx.concatenate([first.ids, ids], axis=1)
         if start > 0 and start + length > self.original_max:
             # The sequence crosses into the long range: rerun it all with the long periods.
@@ -141,9 +147,9 @@ class Phi3ForCausalLM(nn.Module):
                 if isinstance(c, Phi3Cache):
                     c.reset()
             first.ids = None
-            return self._logits(seen, cache)[:, -length:]
+            return self._logits(seen, cache, last_only)[:, -length:]
         first.ids = seen
-        return self._logits(ids, cache)
+        return self._logits(ids, cache, last_only)
 
     def make_cache(self) -> list[KVCache]:
         return [Phi3Cache() for _ in self.model.layers]
