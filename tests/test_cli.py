@@ -377,6 +377,8 @@ def test_auto_start_once_status_pull_stop(auto_env: dict[str, str], tmp_path: Pa
     assert status.returncode == 0, status.stderr
     assert f"auto-started by omnia (pid {pid}, log: {log})" in status.stdout
     assert re.search(r"last answer:\s+smollm2-135m-instruct: \d+ tokens at", status.stdout)
+    if sys.platform.startswith("linux"):  # it started again with jemalloc (same pid, checked above)
+        assert "allocator libjemalloc.so.2" in status.stdout, status.stdout
 
     # A later command finds it running: no second start.
     listing = omnia("models", "list", "--json", env=env)

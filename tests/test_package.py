@@ -59,3 +59,38 @@ def test_importing_mlx_first_warns_about_the_reference_blas() -> None:
     assert "RuntimeWarning" not in warnings_of(
         "import mlx.core; import mlx_omnia.engine", OMNIA_BLAS="0"
     )
+
+
+JEMALLOC_PROBE = (
+    "import os, sys\n"
+    "print('start', os.getpid(), flush=True)\n"
+    "from mlx_omnia.allocator import loaded, reexec_with_jemalloc\n"
+    "reexec_with_jemalloc()\n"
+    "print('malloc', loaded(), flush=True)\n"
+)
+
+
+def _run_probe(**env: str) -> list[str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("LD_PRELOAD", "OMNIA_JEMALLOC", "OMNIA_JEMALLOC_REEXECUTED")}
+    out = subprocess.run([sys.executable, "-c", JEMALLOC_PROBE], capture_output=True, text=True,
+                         check=True, env={**clean, **env})
+    return out.stdout.splitlines()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the jemalloc preload is Linux-only")
+def test_programs_start_again_once_with_jemalloc_preloaded() -> None:
+    """`reexec_with_jemalloc` (called by omnia-server and `python -m mlx_omnia` when started as
+    programs) starts the same program again in the same process with the system's jemalloc in
+    LD_PRELOAD, once; OMNIA_JEMALLOC=0 or a missing file keeps the system malloc."""
+    import ctypes.util
+
+    if ctypes.util.find_library("jemalloc") is None:
+        pytest.fail("no jemalloc on this machine (apt-get install libjemalloc2)")
+    lines = _run_probe()
+    assert len(lines) == 3 and lines[0] == lines[1], lines  # two starts, one pid
+    assert lines[2].startswith("malloc /") and "libjemalloc" in lines[2], lines
+    assert _run_probe(OMNIA_JEMALLOC="0")[1:] == ["malloc None"]
+    assert _run_probe(OMNIA_JEMALLOC="/nonexistent/libjemalloc.so.2")[1:] == ["malloc None"]
+    preloaded = _run_probe(LD_PRELOAD=lines[2].split(" ", 1)[1])
+    assert len(preloaded) == 2 and "libjemalloc" in preloaded[1]  # already there: no new start

@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mlx_omnia.allocator import reexec_with_jemalloc
+
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # started as a program: with jemalloc when installed (mlx_omnia.allocator)
+        reexec_with_jemalloc()
     parser = argparse.ArgumentParser(
         prog="python -m mlx_omnia", description="Stream one chat answer from a local model."
     )

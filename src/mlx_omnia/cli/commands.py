@@ -257,7 +257,7 @@ def status(ctx: Context, args: Any) -> int:
         lines.append(("daemon", f"started outside omnia (pid {info.get('pid')})"))
     lines.append(("uptime", fmt.duration(_float(info.get("uptime_s")))))
     details = [str(runtime["device"])] if runtime.get("device") else []
-    details += [f"{k} {runtime[k]}" for k in ("mlx", "blas") if runtime.get(k)]
+    details += [f"{k} {runtime[k]}" for k in ("mlx", "blas", "allocator") if runtime.get(k)]
     backend = str(runtime.get("backend") or "-")
     lines.append(("backend", f"{backend} ({', '.join(details)})" if details else backend))
     lines.append(

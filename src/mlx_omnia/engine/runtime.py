@@ -1,13 +1,15 @@
-"""What the engine runs on: backend, device, versions, the BLAS in use."""
+"""What the engine runs on: backend, device, versions, the BLAS and the malloc in use."""
 
 from __future__ import annotations
 
 import platform
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import mlx.core as mx
 
+from mlx_omnia import allocator
 from mlx_omnia.engine import blas
 
 
@@ -35,4 +37,11 @@ def runtime_info() -> dict[str, str | None]:
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
         "blas": blas.loaded,
+        "allocator": _allocator(),
     }
+
+
+def _allocator() -> str:
+    """The malloc this process runs on: a preloaded jemalloc's file name, else "system"."""
+    path = allocator.loaded()
+    return Path(path).name if path else "system"

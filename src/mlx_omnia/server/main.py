@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from mlx_omnia.allocator import reexec_with_jemalloc
+
 
 def parse_size(text: str) -> int:
     units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -17,6 +19,8 @@ def parse_size(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # started as a program: with jemalloc when installed (mlx_omnia.allocator)
+        reexec_with_jemalloc()
     from mlx_omnia.server.settings import Settings
 
     parser = argparse.ArgumentParser(prog="omnia-server", description="Serve models over HTTP.")
