@@ -197,6 +197,26 @@ def build_moe() -> None:
                         if spec.residual:
                             inputs.append(mx.zeros((spec.rows,), dtype=dtype))
                     experts_launcher(spec)(inputs)
+                chain(up_norm, ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False,
+                                           residual=True), mats)
+                chain(up, ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False), mats)
+
+
+def chain(up: Any, down: Any, mats: Any) -> None:
+    """expert_chain: gate/up then down in one launch (the kernel qwen3_moe's experts bind)."""
+    from mlx_omnia.engine.core.kernels.moe.cuda import chain_fits, chain_launcher
+
+    if not chain_fits(up, down):
+        return
+    inputs = [mx.zeros((up.k,), dtype=up.dtype), mx.zeros((up.top_k,), dtype=mx.uint32),
+              mx.zeros((up.top_k,), dtype=up.dtype), *mats(2 * up.rows, up.k),
+              *mats(down.rows, down.k)]
+    if up.norm_eps is not None:
+        inputs.append(mx.zeros((up.k,), dtype=up.dtype))
+    if down.residual:
+        inputs.append(mx.zeros((down.rows,), dtype=up.dtype))
+    inputs.append(mx.zeros((3,), dtype=mx.int32))
+    chain_launcher(up, down)(inputs)
 
 
 def main() -> int:

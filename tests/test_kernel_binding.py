@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 import pytest
@@ -18,6 +19,9 @@ from mlx_omnia.engine.core.binding import bind_layers
 from mlx_omnia.engine.core.kernels import cuda_backend, header_include
 from mlx_omnia.engine.core.kernels.attention_step import attention_applies, attention_fits
 from mlx_omnia.engine.core.kernels.moe import (
+    chain_applies,
+    chain_fits_decl,
+    chain_specs,
     experts_applies,
     experts_fits_decl,
     route_applies,
@@ -106,12 +110,6 @@ def test_qmv_declines_a_declaration_differing_in_one_property(case: str) -> None
 # --- Projections ------------------------------------------------------------------------------
 def qkv(**kw: object) -> list[Linear]:
     return [linear(n=n, **kw) for n in (512, 128, 128)]  # type: ignore[arg-type]
-
-
-def _offset_norm() -> OffsetRmsNorm:
-    n = OffsetRmsNorm(256)
-    n.weight = n.weight.astype(mx.bfloat16)
-    return n
 
 
 PROJECTIONS_ACCEPTED: dict[str, Callable[[], Projections]] = {
@@ -341,10 +339,14 @@ def test_experts_kernel_declines_a_declaration_differing_in_one_property(
     assert not experts_fits_decl(EXPERTS_DECLINED[case](cls))
 
 
-def _offset_norm_experts() -> GateUp | DownCombine:
+def _offset_norm() -> OffsetRmsNorm:
     n = OffsetRmsNorm(256)
     n.weight = n.weight.astype(mx.bfloat16)
-    return experts(GateUp, norm=n)
+    return n
+
+
+def _offset_norm_experts() -> GateUp | DownCombine:
+    return experts(GateUp, norm=_offset_norm())
 
 
 GATE_UP_NORM_DECLINED: dict[str, Callable[[], GateUp | DownCombine]] = {
@@ -369,6 +371,78 @@ def test_experts_kernel_declines_another_gate_activation() -> None:
     assert not experts_fits_decl(experts(GateUp, activation="gpt_oss_swiglu"))
 
 
+def chain(*, up: dict[str, object] | None = None, down: dict[str, object] | None = None,
+          hidden: int = 128) -> DownCombine:
+    """A DownCombine declaring its GateUp (qwen3_moe's experts, small): both 4-bit g64 bf16
+    unless `up` / `down` change one property of either."""
+    first = experts(GateUp, **{"bits": 4, "rows": hidden, **(up or {})})
+    assert isinstance(first, GateUp)
+    decl = experts(DownCombine, **{"bits": 4, "d_in": hidden, "rows": 256, "gate_up": first,
+                                   **(down or {})})
+    assert isinstance(decl, DownCombine)
+    return decl
+
+
+CHAIN_ACCEPTED: dict[str, Callable[[], DownCombine]] = {
+    "affine 4-bit g64": lambda: chain(),
+    "affine 8-bit g128": lambda: chain(up={"bits": 8, "group_size": 128},
+                                      down={"bits": 8, "group_size": 128}),
+    "dense bf16": lambda: chain(up={"bits": None}, down={"bits": None}),
+    "gate/up with its RMS norm": lambda: chain(up={"norm": norm(256)}),
+}
+CHAIN_DECLINED: dict[str, Callable[[], DownCombine]] = {
+    "no gate_up declared": lambda: cast(DownCombine, experts(DownCombine, bits=4, d_in=128)),
+    "gate/up 8-bit": lambda: chain(up={"bits": 8}),
+    "gate/up group size 32": lambda: chain(up={"group_size": 32}),
+    "gate/up in float16": lambda: chain(up={"dtype": mx.float16}),
+    "gate/up dense": lambda: chain(up={"bits": None}),
+    "gate/up another activation": lambda: chain(up={"activation": "gpt_oss_swiglu"}),
+    "gate/up bias": lambda: chain(up={"bias": True}),
+    "down bias": lambda: chain(down={"bias": True}),
+    "down reads another width": lambda: chain(down={"d_in": 64}),
+    "gate/up norm of another kind": lambda: chain(up={"norm": _offset_norm()}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHAIN_ACCEPTED))
+def test_experts_chain_accepts_the_pair_it_computes(case: str) -> None:
+    assert chain_fits_decl(CHAIN_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(CHAIN_DECLINED))
+def test_experts_chain_declines_a_pair_differing_in_one_property(case: str) -> None:
+    assert not chain_fits_decl(CHAIN_DECLINED[case]())
+
+
+def test_experts_chain_declines_more_selected_experts_than_one_block_stages() -> None:
+    """Both staged inputs share one block's static shared memory: k * hidden + in <= 10240."""
+    decl = chain(hidden=1024)
+    assert chain_specs(decl, 8) is not None  # 256 + 8 * 1024
+    assert chain_specs(decl, 10) is None  # 256 + 10 * 1024
+
+
+def test_a_chained_down_projection_runs_its_gate_up_first() -> None:
+    """With gate_up declared, DownCombine takes the gate/up projection's input: its core path
+    is down(gate_up(x)), as the two declarations called one after the other compute it."""
+    decl = chain(up={"bits": None, "dtype": mx.float32}, down={"bits": None, "dtype": mx.float32})
+    up = decl.gate_up
+    assert up is not None
+    up.weight = mx.random.normal(up.weight.shape, key=mx.random.key(1)) * 0.1
+    decl.weight = mx.random.normal(decl.weight.shape, key=mx.random.key(2)) * 0.1
+    up.bind()
+    decl.bind()
+    x = mx.random.normal((1, 1, 256), key=mx.random.key(3))
+    ids = mx.array([[[3, 5]]], dtype=mx.uint32)
+    weights = mx.array([[[0.25, 0.75]]])
+    alone = DownCombine(8, 128, 256)
+    alone.weight = decl.weight
+    alone.bind()
+    want = alone(up(x, ids), ids, weights, residual=x)
+    got = decl(x, ids, weights, residual=x)
+    assert got.shape == want.shape == (1, 1, 256)
+    assert mx.array_equal(got, want)
+
+
 # --- the CPU backend ----------------------------------------------------------------------------
 @on_cpu
 def test_no_cuda_kernel_applies_on_the_cpu() -> None:
@@ -378,6 +452,7 @@ def test_no_cuda_kernel_applies_on_the_cpu() -> None:
     assert not route_applies(ROUTE_ACCEPTED["128 experts, top 8, renormalized"]())
     assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](GateUp))
     assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](DownCombine))
+    assert not chain_applies(CHAIN_ACCEPTED["affine 4-bit g64"]())
 
 
 @on_cpu

@@ -421,6 +421,48 @@ def test_experts_gate_up_with_norm_matches_core(fmt: tuple[int | None, int | Non
         assert rel_err(got, want) <= 8 * ULP[dtype]
 
 
+@pytest.mark.parametrize("shape", EXPERT_SHAPES, ids=str)
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("with_norm", [False, True], ids=["plain", "norm"])
+def test_experts_chain_equals_gate_up_then_down(
+    shape: tuple[int, int, int, int], fmt: tuple[int | None, int | None], dtype: mx.Dtype,
+    with_norm: bool,
+) -> None:
+    """expert_chain (gate/up then down in one launch, blocks ordered by tickets) writes exactly
+    what the gate/up kernel followed by the down kernel write, launch after launch (its
+    counters return to zero), with and without the residual."""
+    d_in, hidden, n, k = shape
+    if fmt[0] is None and n * hidden * d_in > 64 * 2**20:
+        n = 16
+    nrm = None
+    if with_norm:
+        nrm = RmsNorm(d_in, 1e-6)
+        nrm.weight = (1 + 0.2 * mx.random.normal((d_in,))).astype(dtype)
+    gate_up = GateUp(n, d_in, hidden, norm=nrm)
+    chained, alone = DownCombine(n, hidden, d_in, gate_up=gate_up), DownCombine(n, hidden, d_in)
+    make_experts(gate_up, fmt, dtype)
+    make_experts(chained, fmt, dtype)
+    for name in ("weight", "scales", "biases"):
+        if name in chained:
+            setattr(alone, name, getattr(chained, name))
+    alone.bits, alone.group_size = chained.bits, chained.group_size
+    assert gate_up.bind() == alone.bind() == "experts_cuda"
+    assert chained.bind() == "experts_chain_cuda"
+    ids = distinct_ids(n, k).reshape(1, 1, k)
+    weights = mx.softmax(mx.random.normal((1, 1, k)), axis=-1).astype(dtype)
+    for step in range(3):
+        x = (2 * mx.random.normal((1, 1, d_in))).astype(dtype)
+        for r in (None, x):
+            got = chained(x, ids, weights, r)
+            want = alone(gate_up(x, ids), ids, weights, r)
+            core = chained.reference_down()(gate_up.reference()(x, ids), ids, weights, r)
+            mx.eval(got, want, core)
+            assert got.shape == want.shape == (1, 1, d_in), step
+            assert rel_err(got, want) == 0.0, step
+            assert rel_err(got, core) <= 16 * ULP[dtype], step
+
+
 def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> None:
     """A qwen3_moe whose every declaration binds a kernel (4-bit): greedy tokens through the
     compiled kernel step agree with the core path's (assert_greedy_agrees)."""
@@ -437,7 +479,8 @@ def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> Non
     quantize = {"bits": 4, "group_size": 64}
     fast = load(str(path), dtype="bfloat16", quantize=quantize)
     kinds = set(fast.bindings().values())
-    assert {"qmv_cuda", "attention_step_cuda", "route_cuda", "experts_cuda"} <= kinds, kinds
+    assert {"qmv_cuda", "attention_step_cuda", "route_cuda", "experts_cuda",
+            "experts_chain_cuda"} <= kinds, kinds
     os.environ["OMNIA_REFERENCE_KERNELS"] = "1"
     try:
         ref = load(str(path), dtype="bfloat16", quantize=quantize)

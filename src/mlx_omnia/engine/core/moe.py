@@ -301,17 +301,47 @@ class DownCombine(ExpertLinear):
     ids [..., k], weights [..., k] -> sum_j weights[j] * (h[j] @ D[ids[j]].T) [..., out].
     `weight`: [n_experts, output_dims, input_dims]. Option `bias`: a per-expert bias
     [n_experts, output_dims] added to each selected expert's output before the weighting.
-    `residual` (a call argument) declares what follows: the sum is added to it (h + moe(h))."""
+    `residual` (a call argument) declares what follows: the sum is added to it (h + moe(h)).
+    `gate_up` (declared here, not owned) declares what precedes: the call then takes the gate/up
+    projection's input x [..., in] in place of h and computes down(gate_up(x, ids)), so a kernel
+    may run both in one launch."""
 
-    implementations = (_DOWN_COMBINE_CUDA,)
+    implementations = _DOWN_COMBINE_CUDA
+    _gate_up: GateUp | None
 
-    def __init__(self, n_experts: int, input_dims: int, output_dims: int, *, bias: bool = False) -> None:
+    def __init__(
+        self, n_experts: int, input_dims: int, output_dims: int, *, bias: bool = False,
+        gate_up: GateUp | None = None,
+    ) -> None:
         super().__init__(n_experts, input_dims, output_dims)
+        object.__setattr__(self, "_gate_up", gate_up)
         if bias:
             self.bias = mx.zeros((n_experts, output_dims))
         self._bound: Callable[..., mx.array] = self.reference()
 
+    @property
+    def gate_up(self) -> GateUp | None:
+        return self._gate_up
+
     def reference(self) -> Callable[..., mx.array]:
+        return self.after_gate_up(self.reference_down())
+
+    def after_gate_up(self, down: Callable[..., mx.array]) -> Callable[..., mx.array]:
+        """`down` (a call on h), run after the declared gate_up when there is one (then a call
+        on the gate/up's input x); `down` itself otherwise."""
+        gate_up = self.gate_up
+        if gate_up is None:
+            return down
+
+        def chained(
+            x: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
+        ) -> mx.array:
+            return down(gate_up(x, ids), ids, weights, residual)
+
+        return chained
+
+    def reference_down(self) -> Callable[..., mx.array]:
+        """The core down projections and combine of h (what `reference` runs after gate_up)."""
         select = self.select()
 
         def down_combine(

@@ -62,11 +62,12 @@ class Qwen3MoeExperts(nn.Module):
         super().__init__()
         n, hidden, inner = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.gate_up_proj = GateUp(n, hidden, inner, norm=norm)
-        self.down_proj = DownCombine(n, inner, hidden)
+        self.down_proj = DownCombine(n, inner, hidden, gate_up=self.gate_up_proj)
 
     def __call__(self, h: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
-        """h + the selected experts' MLPs of norm(h) (the norm is the gate/up projection's)."""
-        return self.down_proj(self.gate_up_proj(h, ids), ids, weights, residual=h)
+        """h + the selected experts' MLPs of norm(h) (the norm is the gate/up projection's; the
+        down projection declares the gate/up before it and runs it)."""
+        return self.down_proj(h, ids, weights, residual=h)
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):

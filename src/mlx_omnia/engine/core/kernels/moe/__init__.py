@@ -21,6 +21,8 @@ from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
 from mlx_omnia.engine.core.kernels.moe.cuda import (
     ExpertsSpec,
     RouteSpec,
+    chain_fits,
+    chain_launcher,
     experts_fits,
     experts_launcher,
     route_fits,
@@ -29,6 +31,7 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     routed_launcher,
 )
 from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
+from mlx_omnia.engine.core.mxcompat import evaluate
 
 if TYPE_CHECKING:
     from mlx_omnia.engine.core.moe import DownCombine, ExpertLinear, GateUp, Route
@@ -187,7 +190,12 @@ def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
 
 
 def down_combine_build(decl: DownCombine) -> Callable[..., mx.array]:
-    reference = decl.reference()
+    """The down kernel; with a declared gate_up, that declaration's own binding runs first."""
+    return decl.after_gate_up(_down_combine(decl))
+
+
+def _down_combine(decl: DownCombine) -> Callable[..., mx.array]:
+    reference = decl.reference_down()
     dtype = _dtype(decl)
     fitted = _fitted(decl)
 
@@ -212,12 +220,78 @@ def down_combine_build(decl: DownCombine) -> Callable[..., mx.array]:
     return down_combine
 
 
-def implementations() -> tuple[Any, Any, Any]:
-    """(Implementation for Route, for GateUp, for DownCombine)."""
+def chain_specs(decl: DownCombine, top_k: int, *, residual: bool = False
+                ) -> tuple[ExpertsSpec, ExpertsSpec] | None:
+    """(gate/up, down) specs of the one-launch chain for a DownCombine declaring its gate_up,
+    or None where expert_chain does not compute the pair exactly."""
+    if decl.gate_up is None:
+        return None
+    up = experts_spec(decl.gate_up, top_k)
+    down = experts_spec(decl, top_k, residual=residual)
+    if up is None or down is None or not chain_fits(up, down):
+        return None
+    return up, down
+
+
+def chain_fits_decl(decl: DownCombine) -> bool:
+    """The declared gate_up and down are a pair expert_chain computes (the backend aside; the
+    number of selected experts is Route's, checked per call)."""
+    return chain_specs(decl, 1) is not None
+
+
+def chain_applies(decl: DownCombine) -> bool:
+    return cuda_backend() and chain_fits_decl(decl)
+
+
+def chain_build(decl: DownCombine) -> Callable[..., mx.array]:
+    """Gate/up and down in one launch for one token; anything else goes through the gate_up
+    declaration's binding and the down kernel (or the core)."""
+    gate_up = decl.gate_up
+    assert gate_up is not None
+    separate = down_combine_build(decl)
+    dtype = _dtype(decl)
+    specs: dict[tuple[int, bool], tuple[ExpertsSpec, ExpertsSpec] | None] = {}
+    # expert_chain's tickets and counts, zero between launches (the last block zeroes them);
+    # written in place, so owned here: one array per declaration
+    counters = mx.zeros((3,), dtype=mx.int32)
+    evaluate(counters)
+
+    def chained(
+        x: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
+    ) -> mx.array:
+        top_k = ids.shape[-1] if ids.ndim else 0
+        key = (top_k, residual is not None)
+        if key not in specs:
+            specs[key] = chain_specs(decl, top_k, residual=residual is not None)
+        pair = specs[key]
+        if (
+            pair is None or x.size != gate_up.input_dims or ids.size != top_k
+            or weights.size != top_k or x.dtype != dtype or weights.dtype != dtype
+            or ids.dtype != mx.uint32
+            or (residual is not None
+                and (residual.dtype != dtype or residual.size != decl.output_dims))
+        ):
+            return separate(x, ids, weights, residual)
+        inputs = [x, ids, weights, *_weights(gate_up), *_weights(decl)]
+        if gate_up.norm is not None:
+            inputs.append(gate_up.norm.weight)
+        if residual is not None:
+            inputs.append(residual)
+        inputs.append(counters)
+        return chain_launcher(*pair, tuple(x.shape[:-1]))(inputs)
+
+    return chained
+
+
+def implementations() -> tuple[Any, Any, tuple[Any, Any]]:
+    """(Implementation for Route, for GateUp, for DownCombine: the chain first)."""
     from mlx_omnia.engine.core.binding import Implementation
 
     return (
         Implementation("route_cuda", route_applies, route_build),
         Implementation("experts_cuda", experts_applies, gate_up_build),
-        Implementation("experts_cuda", experts_applies, down_combine_build),
+        (
+            Implementation("experts_chain_cuda", chain_applies, chain_build),
+            Implementation("experts_cuda", experts_applies, down_combine_build),
+        ),
     )

@@ -113,12 +113,12 @@ __device__ __forceinline__ void route(const T* logits, T* weights, unsigned int*
 
 // out[j][r] = rnd(act(rnd(x . G[ids[j]][r])) * rnd(x . U[ids[j]][r])), G and U the first and
 // last HID rows of each expert's stacked [2 * HID] rows, act silu; NORM: x RMS-normalized
-// first (weight g, eps).
+// first (weight g, eps). `block`: this block's index among the launch's gate/up blocks.
 template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS,
           bool NORM>
 __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* ids,
                                                const void* w, const T* s, const T* b, T* out,
-                                               const T* g, float eps) {
+                                               const T* g, float eps, int block) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
@@ -128,7 +128,7 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int GPW = 32 / LPR;
   const int grp = lane / LPR, sl = lane % LPR;
-  int pair = (blockIdx.x * NWARPS + warp) * GPW + grp;  // j * HID + r
+  int pair = (block * NWARPS + warp) * GPW + grp;  // j * HID + r
   const bool valid = pair < TOPK * HID;
   if (!valid) pair = 0;  // recomputes pair 0 (the shuffles need every lane), writes nothing
   const int j = pair / HID, r = pair % HID;
@@ -177,12 +177,13 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
 }
 
 // y[r] = rnd(sum_j rnd(rnd(h_j . D[ids[j]][r]) * w_j)) (+ residual, rounded): one warp a row,
-// LPE lanes per selected expert.
+// LPE lanes per selected expert. `block`: this block's index among the launch's down blocks;
+// CG: h was written by other blocks of this launch (stage_rows reads it through L2).
 template <typename T, int BITS, int GROUP, int K, int OUT, int TOPK, int LPE, int NWARPS,
-          bool RESID>
+          bool RESID, bool CG = false>
 __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids, const T* wts,
                                             const void* w, const T* s, const T* b, const T* res,
-                                            T* y) {
+                                            T* y, int block) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
@@ -190,12 +191,12 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   __shared__ float2 xsum[BITS == 0 ? 1 : TOPK * CHUNKS];
   __shared__ __align__(16) T xs[BITS == 0 ? TOPK * K : 8];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int r = blockIdx.x * NWARPS + warp;
+  const int r = block * NWARPS + warp;
   const int j = lane / LPE, sl = lane % LPE;
   const bool mine = j < TOPK && r < OUT;
   const int row = mine ? (int)ids[j] * OUT + r : 0;
   typename Row::Load first = Row::load(w, s, b, row, min(sl, CHUNKS - 1));
-  stage_rows<T, BITS, K, TOPK>(h, xq, xsum, xs, tid, NT);
+  stage_rows<T, BITS, K, TOPK, false, NWARPS, CG>(h, xq, xsum, xs, tid, NT);
   __syncthreads();
   float acc = 0.f;
   if (mine) {
@@ -226,6 +227,46 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
     float v = rnd<T>(p);
     if constexpr (RESID) v = rnd<T>(to_f<T>(res[r]) + v);
     y[r] = from_f<T>(v);
+  }
+}
+
+// expert_gate_up then expert_down in one launch, the intermediate `mid` [TOPK][HID] passed
+// through global memory. Blocks take tickets in the order they start (counters[0]): the first
+// NB1 compute gate/up blocks and publish them (counters[1]); the others wait until all NB1 are
+// published, then compute down blocks. A block waits only on blocks holding lower tickets,
+// which have started, so nothing assumes the whole grid is resident. The last down block to
+// finish (counters[2]) zeroes the counters for the next launch. `mid` is also an output.
+template <typename T, int BITS, int GROUP, int K, int HID, int OUT, int TOPK, int LPR, int LPE,
+          int NWARPS, bool NORM, bool RESID, int NB1, int NB2>
+__device__ __forceinline__ void expert_chain(const T* x, const unsigned int* ids, const T* wts,
+                                             const void* w1, const T* s1, const T* b1,
+                                             const void* w2, const T* s2, const T* b2,
+                                             const T* g, float eps, const T* res,
+                                             const int* counters, T* mid, T* y) {
+  __shared__ int ticket;
+  int* count = const_cast<int*>(counters);
+  if (threadIdx.x == 0) ticket = atomicAdd(count, 1);
+  __syncthreads();
+  const int t = ticket;
+  if (t < NB1) {
+    expert_gate_up<T, BITS, GROUP, K, HID, TOPK, LPR, NWARPS, NORM>(x, ids, w1, s1, b1, mid, g,
+                                                                     eps, t);
+    __threadfence();  // this thread's writes of mid, visible device-wide before the count
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(count + 1, 1);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    while (atomicAdd(count + 1, 0) < NB1) __nanosleep(100);
+    __threadfence();
+  }
+  __syncthreads();
+  expert_down<T, BITS, GROUP, HID, OUT, TOPK, LPE, NWARPS, RESID, true>(mid, ids, wts, w2, s2,
+                                                                       b2, res, y, t - NB1);
+  if (threadIdx.x == 0 && atomicAdd(count + 2, 1) == NB2 - 1) {
+    count[0] = 0;
+    count[1] = 0;
+    count[2] = 0;
   }
 }
 
@@ -422,7 +463,7 @@ def experts_launcher(
         eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
         source = (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
                   f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}>(x, ids, {margs}, out, "
-                  f"{'g' if norm else 'nullptr'}, {eps});\n")
+                  f"{'g' if norm else 'nullptr'}, {eps}, blockIdx.x);\n")
         pairs_per_block = WARPS * 32 // spec.lanes
         blocks = (spec.top_k * spec.rows + pairs_per_block - 1) // pairs_per_block
         shape: tuple[int, ...] = (*lead, spec.top_k, spec.rows)
@@ -430,7 +471,7 @@ def experts_launcher(
         names = ("h", "ids", "wts", *mats, *(("res",) if spec.residual else ()))
         source = (f"omnia::expert_down<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
                   f"{spec.lanes}, {WARPS}, {flag(spec.residual)}>(h, ids, wts, {margs}, "
-                  f"{'res' if spec.residual else 'nullptr'}, out);\n")
+                  f"{'res' if spec.residual else 'nullptr'}, out, blockIdx.x);\n")
         blocks = (spec.rows + WARPS - 1) // WARPS
         shape = (*lead, spec.rows)
     kernel = cuda_kernel(spec.name(), names, ("out",), source, MOE_HEADER)
@@ -440,5 +481,63 @@ def experts_launcher(
         out: Any = kernel(inputs=list(inputs), output_shapes=[shape], output_dtypes=[spec.dtype],
                           grid=grid, threadgroup=threads)
         return out[0]
+
+    return call
+
+
+def chain_fits(up: ExpertsSpec, down: ExpertsSpec) -> bool:
+    """Gate/up then down in one launch (expert_chain): each fits alone, they take the same
+    format and selected experts, the down reads the gate/up's hidden rows, and both staged
+    inputs fit one block's static shared memory together."""
+    return (
+        up.gate_up and not down.gate_up
+        and experts_fits(up) and experts_fits(down)
+        and (up.dtype, up.bits, up.group_size, up.top_k)
+        == (down.dtype, down.bits, down.group_size, down.top_k)
+        and down.k == up.rows
+        and up.k + up.top_k * up.rows <= MAX_ROWS_STAGED
+    )
+
+
+def chain_blocks(up: ExpertsSpec, down: ExpertsSpec) -> tuple[int, int]:
+    """(gate/up blocks, down blocks) of a chained launch: as each kernel launches alone."""
+    pairs_per_block = WARPS * 32 // up.lanes
+    return -(-(up.top_k * up.rows) // pairs_per_block), -(-down.rows // WARPS)
+
+
+@cache
+def chain_launcher(
+    up: ExpertsSpec, down: ExpertsSpec, lead: tuple[int, ...] = ()
+) -> Callable[[Sequence[mx.array]], mx.array]:
+    """(x [in], ids [k], routing weights [k], gate/up weights..., down weights..., norm weight
+    [in]?, residual [out]?, counters [3] int32 zeros) -> [*lead, out]: the gate/up kernel's
+    blocks, then the down kernel's, in one launch (expert_chain). The counters are written in
+    place and left zero: the caller owns one array per declaration."""
+    t = CUDA_TYPES[up.dtype]
+    bits, group = up.bits or 0, up.group_size or 1
+    quant = up.bits is not None
+    norm, resid = up.norm_eps is not None, down.residual
+    m1 = ("w1", "s1", "b1") if quant else ("w1",)
+    m2 = ("w2", "s2", "b2") if quant else ("w2",)
+    a1 = "w1, s1, b1" if quant else "w1, nullptr, nullptr"
+    a2 = "w2, s2, b2" if quant else "w2, nullptr, nullptr"
+    names = ("x", "ids", "wts", *m1, *m2, *(("g",) if norm else ()), *(("res",) if resid else ()),
+             "counters")
+    nb1, nb2 = chain_blocks(up, down)
+    eps = repr(float(up.norm_eps)) + "f" if up.norm_eps is not None else "0.f"
+    source = (f"omnia::expert_chain<{t}, {bits}, {group}, {up.k}, {up.rows}, {down.rows}, "
+              f"{up.top_k}, {up.lanes}, {down.lanes}, {WARPS}, {flag(norm)}, {flag(resid)}, "
+              f"{nb1}, {nb2}>(x, ids, wts, {a1}, {a2}, {'g' if norm else 'nullptr'}, {eps}, "
+              f"{'res' if resid else 'nullptr'}, counters, mid, out);\n")
+    prefix = len("omnia_experts_")
+    kernel = cuda_kernel(f"omnia_experts_chain_{up.name()[prefix:]}__{down.name()[prefix:]}",
+                         names, ("mid", "out"), source, MOE_HEADER)
+    shapes = [(up.top_k, up.rows), (*lead, down.rows)]
+    grid, threads = ((nb1 + nb2) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
+
+    def call(inputs: Sequence[mx.array]) -> mx.array:
+        out: Any = kernel(inputs=list(inputs), output_shapes=shapes,
+                          output_dtypes=[up.dtype, up.dtype], grid=grid, threadgroup=threads)
+        return out[1]
 
     return call

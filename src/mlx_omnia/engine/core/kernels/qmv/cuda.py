@@ -200,15 +200,22 @@ __device__ __forceinline__ void rms_scale8(float* f, uint4 g, float inv) {
 // T into xs [row][K].
 // NORM (one row only): the row is RMS-normalized first with weight g, rounded as
 // mx.fast.rms_norm rounds (as the qmv kernel's prologue does); the block has NWARPS warps.
-template <typename T, int BITS, int K, int NROWS, bool NORM = false, int NWARPS = 8>
+// CG: x was written earlier in this same launch by other blocks (a chained launch): read it
+// through L2 (ld.global.cg), never from a possibly stale L1 line.
+template <typename T, int BITS, int K, int NROWS, bool NORM = false, int NWARPS = 8,
+          bool CG = false>
 __device__ __forceinline__ void stage_rows(const T* x, float* xq, float2* xsum, T* xs, int tid,
                                            int nt, const T* g = nullptr, float eps = 0.f) {
   static_assert(!NORM || NROWS == 1, "the norm prologue stages one row");
+  static_assert(!(NORM && CG), "the norm prologue reads x through L1");
   constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
   constexpr int CHUNKS = K / VPC;
   constexpr int XCH = K / 8;  // 16-byte pieces of one input row
   const uint4* x4 = reinterpret_cast<const uint4*>(x);
   const uint4* g4 = reinterpret_cast<const uint4*>(g);
+  auto load_x = [x4](int i) -> uint4 {
+    if constexpr (CG) return __ldcg(x4 + i); else return x4[i];
+  };
   float inv = 1.f;
   if constexpr (NORM) inv = row_inv_rms<T, K, NWARPS>(x, eps);
   if constexpr (BITS == 0) {
@@ -216,11 +223,11 @@ __device__ __forceinline__ void stage_rows(const T* x, float* xq, float2* xsum, 
     for (int i = tid; i < NROWS * XCH; i += nt) {
       if constexpr (NORM) {
         float f[8];
-        unpack8<T>(x4[i], f);
+        unpack8<T>(load_x(i), f);
         rms_scale8<T>(f, g4[i], inv);
         xs4[i] = pack8<T>(f);
       } else {
-        xs4[i] = x4[i];
+        xs4[i] = load_x(i);
       }
     }
   } else {
@@ -230,7 +237,7 @@ __device__ __forceinline__ void stage_rows(const T* x, float* xq, float2* xsum, 
       float sum = 0.f, amax = 0.f;
       float f[8];
       if (i < NROWS * XCH) {
-        unpack8<T>(x4[i], f);
+        unpack8<T>(load_x(i), f);
         if constexpr (NORM) rms_scale8<T>(f, g4[i], inv);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
