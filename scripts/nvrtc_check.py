@@ -135,6 +135,7 @@ def build_all() -> None:
                            mx.zeros((), dtype=mx.int32), mx.zeros((kv,), dtype=mx.int32)]
                 attention_launcher(spec, (1, 1))(inputs)
     build_moe()
+    build_project_route()
 
 
 def build_moe() -> None:
@@ -200,6 +201,40 @@ def build_moe() -> None:
                 chain(up_norm, ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False,
                                            residual=True), mats)
                 chain(up, ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False), mats)
+
+
+def build_project_route() -> None:
+    """o_proj + residual, then the router and routing of the sum, in one launch (qwen3_moe)."""
+    from mlx_omnia.engine.core.kernels.moe.cuda import (
+        RouteSpec,
+        project_route_fits,
+        project_route_launcher,
+    )
+    from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
+
+    def mats(n: int, k: int, bits: int | None, group: int | None, dtype: mx.Dtype) -> list[mx.array]:
+        if bits is None:
+            return [mx.zeros((n, k), dtype=dtype)]
+        return [mx.zeros((n, k * bits // 32), dtype=mx.uint32),
+                mx.zeros((n, k // group), dtype=dtype),  # type: ignore[operator]
+                mx.zeros((n, k // group), dtype=dtype)]  # type: ignore[operator]
+
+    for dtype in (mx.bfloat16, mx.float16):
+        for bits, group in ((None, None), (4, 64), (8, 64), (4, 32)):
+            # qwen3-30b-a3b (4096 -> 2048, 128 experts top 8), olmoe-ish, a tiny test shape
+            for k_in, hidden, e, top in ((4096, 2048, 128, 8), (2048, 2048, 64, 8),
+                                         (256, 256, 8, 2), (512, 256, 60, 4)):
+                project = QmvSpec(dtype=dtype, k=k_in, rows=(hidden,), bits=bits,
+                                  group_size=group, residual=True)
+                router = QmvSpec(dtype=dtype, k=hidden, rows=(e,), bits=bits, group_size=group,
+                                 norm_eps=1e-6)
+                route = RouteSpec(dtype, e, top, False, True)
+                if not project_route_fits(project, route, router):
+                    continue
+                inputs = [mx.zeros((k_in,), dtype=dtype), *mats(hidden, k_in, bits, group, dtype),
+                          mx.zeros((hidden,), dtype=dtype), *mats(e, hidden, bits, group, dtype),
+                          mx.zeros((hidden,), dtype=dtype), mx.zeros((2,), dtype=mx.int32)]
+                project_route_launcher(project, route, router)(inputs)
 
 
 def chain(up: Any, down: Any, mats: Any) -> None:

@@ -24,6 +24,8 @@ from mlx_omnia.engine.core.kernels.moe import (
     chain_specs,
     experts_applies,
     experts_fits_decl,
+    project_route_applies,
+    project_route_fits_decl,
     route_applies,
     route_fits_decl,
     routed_spec,
@@ -43,7 +45,7 @@ from mlx_omnia.engine.core.layers import (
     RmsNorm,
     Rope,
 )
-from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route
+from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route
 from mlx_omnia.engine.core.rope import LongRope
 
 on_cpu = pytest.mark.skipif(cuda_backend(), reason="checks the CPU backend")
@@ -443,6 +445,68 @@ def test_a_chained_down_projection_runs_its_gate_up_first() -> None:
     assert mx.array_equal(got, want)
 
 
+def project_route(*, project: dict[str, object] | None = None,
+                  route: dict[str, object] | None = None) -> ProjectRoute:
+    """qwen3_moe's o_proj (4096 -> 256 here, 4-bit) then its routing of the sum (128 experts,
+    4-bit router after the RMS norm), unless `project` / `route` change one property."""
+    return ProjectRoute(linear(**{"k": 4096, "n": 256, "bits": 4, **(project or {})}),  # type: ignore[arg-type]
+                        routed(**{"bits": 4, **(route or {})}))  # type: ignore[arg-type]
+
+
+PROJECT_ROUTE_ACCEPTED: dict[str, Callable[[], ProjectRoute]] = {
+    "4-bit o_proj, 4-bit router": lambda: project_route(),
+    "8-bit o_proj, dense router": lambda: project_route(project={"bits": 8},
+                                                        route={"bits": None}),
+    "dense o_proj and router": lambda: project_route(project={"bits": None},
+                                                     route={"bits": None}),
+    "60 experts": lambda: project_route(route={"n": 60}),
+}
+PROJECT_ROUTE_DECLINED: dict[str, Callable[[], ProjectRoute]] = {
+    "o_proj with a bias": lambda: project_route(project={"bias": True}),
+    "o_proj in float16": lambda: project_route(project={"dtype": mx.float16}),
+    "o_proj 3-bit": lambda: project_route(project={"bits": 3}),
+    "o_proj writes another width": lambda: project_route(project={"n": 512}),
+    "router with a bias": lambda: project_route(route={"bias": True}),
+    "router norm of another kind": lambda: project_route(route={"router_norm": _offset_norm()}),
+    "129 experts (past one block)": lambda: project_route(route={"n": 129}),
+    "both inputs past the shared-memory stage": lambda: project_route(project={"k": 10240}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROJECT_ROUTE_ACCEPTED))
+def test_project_route_accepts_the_pair_it_computes(case: str) -> None:
+    assert project_route_fits_decl(PROJECT_ROUTE_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(PROJECT_ROUTE_DECLINED))
+def test_project_route_declines_a_pair_differing_in_one_property(case: str) -> None:
+    assert not project_route_fits_decl(PROJECT_ROUTE_DECLINED[case]())
+
+
+def test_project_route_needs_a_route_declaring_its_router() -> None:
+    with pytest.raises(ValueError, match="router"):
+        ProjectRoute(linear(4096, 256), Route(128, 8))
+
+
+def test_project_route_is_the_projection_then_the_routing() -> None:
+    """The core path: h = residual + o_proj(a), then route(h), each declaration as bound."""
+    decl = project_route(project={"bits": None, "dtype": mx.float32},
+                         route={"bits": None, "dtype": mx.float32, "router_norm": norm(256, mx.float32)})
+    decl.project.weight = mx.random.normal(decl.project.weight.shape, key=mx.random.key(1)) * 0.02
+    gate = decl.route.router.matrices[0] if decl.route.router is not None else None
+    assert gate is not None
+    gate.weight = mx.random.normal(gate.weight.shape, key=mx.random.key(2))
+    for d in (decl.project, decl.route, decl):
+        d.bind()
+    a = mx.random.normal((1, 1, 4096), key=mx.random.key(3))
+    x = mx.random.normal((1, 1, 256), key=mx.random.key(4))
+    h, weights, ids = decl(a, x)
+    want_h = decl.project(a, residual=x)
+    want_w, want_ids = decl.route(want_h)
+    assert mx.array_equal(h, want_h) and mx.array_equal(weights, want_w)
+    assert mx.array_equal(ids, want_ids) and ids.shape == (1, 1, 8)
+
+
 # --- the CPU backend ----------------------------------------------------------------------------
 @on_cpu
 def test_no_cuda_kernel_applies_on_the_cpu() -> None:
@@ -453,6 +517,7 @@ def test_no_cuda_kernel_applies_on_the_cpu() -> None:
     assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](GateUp))
     assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](DownCombine))
     assert not chain_applies(CHAIN_ACCEPTED["affine 4-bit g64"]())
+    assert not project_route_applies(PROJECT_ROUTE_ACCEPTED["4-bit o_proj, 4-bit router"]())
 
 
 @on_cpu

@@ -27,7 +27,7 @@ from mlx_omnia.engine.core.layers import (
     RmsNorm,
     Rope,
 )
-from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route, RouteOrder
+from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route, RouteOrder
 
 pytestmark = [
     pytest.mark.cuda,
@@ -421,6 +421,48 @@ def test_experts_gate_up_with_norm_matches_core(fmt: tuple[int | None, int | Non
         assert rel_err(got, want) <= 8 * ULP[dtype]
 
 
+@pytest.mark.parametrize(("k_in", "n", "k"), [(4096, 128, 8), (512, 60, 4), (256, 8, 2)])
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_project_route_equals_projection_then_routed(
+    k_in: int, n: int, k: int, fmt: tuple[int | None, int | None], dtype: mx.Dtype
+) -> None:
+    """ProjectRoute (o_proj + residual, then the router and routing of the sum, one launch:
+    the router's block waits for the projection's blocks) writes exactly what the projection's
+    qmv launch, the router's qmv with the same launch, and the route kernel write, launch after
+    launch (its counters return to zero); h matches the core within the matmul rounding."""
+    from mlx_omnia.engine.core.kernels.moe import project_route_specs
+    from mlx_omnia.engine.core.kernels.moe.cuda import chained_router, route_launcher
+
+    o_proj, gate = make_linear(k_in, 256, fmt, dtype), make_linear(256, n, fmt, dtype)
+    nrm = make_norm(256, dtype)
+    route = Route(n, k, normalize=True, router=Projections([gate], norm=nrm))
+    decl = ProjectRoute(o_proj, route)
+    assert o_proj.bind() == "qmv_cuda" and route.bind() == "route_cuda"
+    assert decl.bind() == "project_route_cuda"
+    specs = project_route_specs(decl)
+    assert specs is not None
+    project, routing, router = specs
+    chained = chained_router(router, n, project.config.warps)
+
+    def mats(m: Linear) -> list[mx.array]:
+        return [m.weight] if m.bits is None else [m.weight, m.scales, m.biases]
+
+    for seed in range(3):
+        mx.random.seed(seed)
+        a = mx.random.normal((1, 1, k_in)).astype(dtype)
+        x = (2 * mx.random.normal((1, 1, 256))).astype(dtype)
+        h, w, ids = decl(a, x)
+        want_h = launcher(project, (1, 1))([a, *mats(o_proj), x])[0]
+        logits = launcher(chained, (1, 1))([want_h, *mats(gate), nrm.weight])[0]
+        rw, rids = route_launcher(routing, (1, 1))(logits)
+        assert h.shape == (1, 1, 256) and w.shape == ids.shape == (1, 1, k)
+        assert rel_err(h, want_h) == 0.0
+        assert np.array_equal(np.array(ids), np.array(rids))
+        assert np.array_equal(np.array(w.astype(mx.float32)), np.array(rw.astype(mx.float32)))
+        assert rel_err(h, o_proj.reference()(a, x)) <= 8 * ULP[dtype]
+
+
 @pytest.mark.parametrize("shape", EXPERT_SHAPES, ids=str)
 @pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -480,7 +522,7 @@ def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> Non
     fast = load(str(path), dtype="bfloat16", quantize=quantize)
     kinds = set(fast.bindings().values())
     assert {"qmv_cuda", "attention_step_cuda", "route_cuda", "experts_cuda",
-            "experts_chain_cuda"} <= kinds, kinds
+            "experts_chain_cuda", "project_route_cuda"} <= kinds, kinds
     os.environ["OMNIA_REFERENCE_KERNELS"] = "1"
     try:
         ref = load(str(path), dtype="bfloat16", quantize=quantize)

@@ -22,13 +22,13 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.kernels import moe as moe_kernels
-from mlx_omnia.engine.core.layers import Projections, RmsNorm
+from mlx_omnia.engine.core.layers import Linear, Projections, RmsNorm
 from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
 
 RouteOrder = Literal["softmax_topk", "topk_softmax"]
 ExpertQuantMode = Literal["affine", "mxfp4"]
 GateActivation = Literal["silu", "gpt_oss_swiglu"]
-_ROUTE_CUDA, _GATE_UP_CUDA, _DOWN_COMBINE_CUDA = moe_kernels.implementations()
+_ROUTE_CUDA, _GATE_UP_CUDA, _DOWN_COMBINE_CUDA, _PROJECT_ROUTE_CUDA = moe_kernels.implementations()
 
 
 class Route(Declaration):
@@ -104,6 +104,49 @@ class Route(Declaration):
     def __call__(self, x: mx.array) -> tuple[mx.array, mx.array]:
         """Routing of logits x, or of router(x) when a router is declared."""
         return self._bound(x)
+
+
+class ProjectRoute(Declaration):
+    """A projection with its residual, then the routing of the sum: (a [..., in], residual
+    [..., out]) -> (h = residual + project(a), weights, ids) with (weights, ids) = route(h).
+    Declares the two in the order they run (`project` a Linear, `route` a Route declaring its
+    router), so a kernel may run both in one launch; owns neither: their weights stay where the
+    checkpoint puts them, and each keeps its own binding for what the pair's kernel declines."""
+
+    implementations = _PROJECT_ROUTE_CUDA
+    _project: Linear
+    _route: Route
+
+    def __init__(self, project: Linear, route: Route) -> None:
+        super().__init__()
+        if route.router is None:
+            raise ValueError("the route must declare its router")
+        object.__setattr__(self, "_project", project)
+        object.__setattr__(self, "_route", route)
+        self._bound: Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]] = (
+            self.reference()
+        )
+
+    @property
+    def project(self) -> Linear:
+        return self._project
+
+    @property
+    def route(self) -> Route:
+        return self._route
+
+    def reference(self) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]]:
+        project, route = self.project, self.route
+
+        def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            h = project(a, residual=residual)
+            weights, ids = route(h)
+            return h, weights, ids
+
+        return project_route
+
+    def __call__(self, a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        return self._bound(a, residual)
 
 
 class ExpertLinear(Declaration):

@@ -12,7 +12,7 @@ import mlx.nn as nn
 
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, Projections, RmsNorm
-from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route
+from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.qwen3_moe.config import Qwen3MoeConfig
 
@@ -36,11 +36,15 @@ class Qwen3MoeAttention(nn.Module):
             q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
         )
 
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
+        """The attention of the projections q, k, v: o_proj's input."""
+        return self.attention.project(q, k, v, cache)
+
     def __call__(
         self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None, residual: mx.array
     ) -> mx.array:
         """residual + o_proj(attention of the projections q, k, v)."""
-        return self.o_proj(self.attention.project(q, k, v, cache), residual=residual)
+        return self.o_proj(self.attend(q, k, v, cache), residual=residual)
 
 
 class Qwen3MoeMLP(nn.Module):
@@ -71,7 +75,7 @@ class Qwen3MoeExperts(nn.Module):
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm) -> None:
+    def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm, o_proj: Linear) -> None:
         super().__init__()
         self.gate = Linear(cfg.hidden_size, cfg.num_experts)
         # the router reads the layer's post_attention_layernorm of h, as the experts do
@@ -80,11 +84,18 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
             cfg.num_experts, cfg.num_experts_per_tok, order="softmax_topk",
             normalize=cfg.norm_topk_prob, router=self.router,
         )
+        # the attention's o_proj (with the residual) runs right before the routing of its sum
+        self.project_route = ProjectRoute(o_proj, self.route)
         self.experts = Qwen3MoeExperts(cfg, norm)
 
     def __call__(self, h: mx.array) -> mx.array:
         """h + the experts' MLP of norm(h)."""
         weights, ids = self.route(h)
+        return self.experts(h, ids, weights)
+
+    def after_attention(self, a: mx.array, x: mx.array) -> mx.array:
+        """With h = x + o_proj(a) (a the attention's output): h + the experts' MLP of norm(h)."""
+        h, weights, ids = self.project_route(a, x)
         return self.experts(h, ids, weights)
 
 
@@ -95,12 +106,15 @@ class Qwen3MoeDecoderLayer(nn.Module):
         self.input_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
         norm = self.post_attention_layernorm
-        self.mlp = Qwen3MoeSparseMoeBlock(cfg, norm) if cfg.sparse(index) else Qwen3MoeMLP(cfg, norm)
         attn = self.self_attn
+        self.mlp = (Qwen3MoeSparseMoeBlock(cfg, norm, attn.o_proj) if cfg.sparse(index)
+                    else Qwen3MoeMLP(cfg, norm))
         self.qkv = Projections((attn.q_proj, attn.k_proj, attn.v_proj), norm=self.input_layernorm)
 
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
         q, k, v = self.qkv(x)
+        if isinstance(self.mlp, Qwen3MoeSparseMoeBlock):
+            return self.mlp.after_attention(self.self_attn.attend(q, k, v, cache), x)
         return self.mlp(self.self_attn(q, k, v, cache, residual=x))
 
 

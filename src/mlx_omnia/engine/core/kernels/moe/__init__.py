@@ -25,6 +25,8 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     chain_launcher,
     experts_fits,
     experts_launcher,
+    project_route_fits,
+    project_route_launcher,
     route_fits,
     route_launcher,
     routed_fits,
@@ -34,7 +36,7 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
 from mlx_omnia.engine.core.mxcompat import evaluate
 
 if TYPE_CHECKING:
-    from mlx_omnia.engine.core.moe import DownCombine, ExpertLinear, GateUp, Route
+    from mlx_omnia.engine.core.moe import DownCombine, ExpertLinear, GateUp, ProjectRoute, Route
 
 
 def route_spec(decl: Route, dtype: mx.Dtype) -> RouteSpec:
@@ -283,8 +285,62 @@ def chain_build(decl: DownCombine) -> Callable[..., mx.array]:
     return chained
 
 
-def implementations() -> tuple[Any, Any, tuple[Any, Any]]:
-    """(Implementation for Route, for GateUp, for DownCombine: the chain first)."""
+def project_route_specs(decl: ProjectRoute) -> tuple[QmvSpec, RouteSpec, QmvSpec] | None:
+    """(projection with residual, routing, router) of the one-launch pair, or None where the
+    kernel does not compute the declared pair exactly."""
+    from mlx_omnia.engine.core.kernels.qmv import linear_spec
+
+    project = linear_spec(decl.project, residual=True)
+    routed = routed_spec(decl.route)
+    if project is None or routed is None or not project_route_fits(project, *routed):
+        return None
+    return project, *routed
+
+
+def project_route_fits_decl(decl: ProjectRoute) -> bool:
+    """Every declared property is one the kernel computes (the backend aside)."""
+    return project_route_specs(decl) is not None
+
+
+def project_route_applies(decl: ProjectRoute) -> bool:
+    return cuda_backend() and project_route_fits_decl(decl)
+
+
+def project_route_build(
+    decl: ProjectRoute,
+) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]]:
+    """The projection, the router and the routing in one launch for one token; anything else
+    goes through the projection's and the route's own bindings."""
+    from mlx_omnia.engine.core.kernels.qmv import matrix_inputs
+
+    specs = project_route_specs(decl)
+    router = decl.route.router
+    assert specs is not None and router is not None
+    project, width = specs[0], specs[2].k
+    separate = decl.reference()
+    # the launch's tickets and count, zero between launches (its last block zeroes them);
+    # written in place, so owned here: one array per declaration
+    counters = mx.zeros((2,), dtype=mx.int32)
+    evaluate(counters)
+
+    def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        if (
+            a.size != project.k or a.dtype != project.dtype
+            or residual.dtype != project.dtype or residual.shape != (*a.shape[:-1], width)
+        ):
+            return separate(a, residual)
+        inputs = [a, *matrix_inputs(decl.project), residual, *matrix_inputs(router.matrices[0])]
+        if router.norm is not None:
+            inputs.append(router.norm.weight)
+        inputs.append(counters)
+        return project_route_launcher(*specs, tuple(a.shape[:-1]))(inputs)
+
+    return project_route
+
+
+def implementations() -> tuple[Any, Any, tuple[Any, Any], tuple[Any]]:
+    """(Implementation for Route, for GateUp, for DownCombine (the chain first), for
+    ProjectRoute)."""
     from mlx_omnia.engine.core.binding import Implementation
 
     return (
@@ -294,4 +350,5 @@ def implementations() -> tuple[Any, Any, tuple[Any, Any]]:
             Implementation("experts_chain_cuda", chain_applies, chain_build),
             Implementation("experts_cuda", experts_applies, down_combine_build),
         ),
+        (Implementation("project_route_cuda", project_route_applies, project_route_build),),
     )

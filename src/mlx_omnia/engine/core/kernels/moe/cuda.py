@@ -541,3 +541,89 @@ def chain_launcher(
         return out[1]
 
     return call
+
+
+def chained_router(router: QmvSpec, n_experts: int, warps: int) -> QmvSpec:
+    """The router GEMV as the one block of a chained launch whose blocks have `warps` warps:
+    routed_qmv's lanes per row, and as many sets of rows per block (qmv's loop) as cover the
+    experts."""
+    lanes = routed_qmv(router, n_experts).config.lanes
+    per_set = warps * (32 // lanes)
+    return replace(router, launch=Launch(lanes=lanes, rows=1, warps=warps, unroll=2, prefetch=8,
+                                         loop=-(-n_experts // per_set)))
+
+
+def project_route_fits(project: QmvSpec, route: RouteSpec, router: QmvSpec) -> bool:
+    """A projection with its residual (qmv, its own launch configuration), then the router and
+    routing of its output in the same launch: each fits alone, in one dtype, the router reads
+    the projection's rows, the router fits one block of the projection's warps, and both staged
+    inputs fit one block's static shared memory together."""
+    chained = chained_router(router, route.n_experts, project.config.warps)
+    return (
+        spec_fits(project) and project.residual and project.norm_eps is None
+        and project.gate is None and len(project.rows) == 1
+        and routed_fits(route, router)
+        and spec_fits(chained)
+        and project.dtype == router.dtype == route.dtype
+        and project.rows[0] == router.k
+        and project.k + router.k <= MAX_ROWS_STAGED
+    )
+
+
+@cache
+def project_route_launcher(
+    project: QmvSpec, route: RouteSpec, router: QmvSpec, lead: tuple[int, ...] = ()
+) -> Callable[[Sequence[mx.array]], tuple[mx.array, mx.array, mx.array]]:
+    """(a [*lead, in], the projection's weights..., residual [*lead, out], the router's
+    weights..., norm weight [out]?, counters [2] int32 zeros) -> (h = residual + a @ P.T
+    [*lead, out], routing weights [*lead, k], ids [*lead, k] uint32), in one launch: the
+    projection's qmv blocks (tickets below NB1), then one block that waits for them, computes
+    the router logits of h (RMS-normalized when the router declares its norm; an output too)
+    and routes them. The counters are written in place and left zero."""
+    cfg = project.config
+    chained = chained_router(router, route.n_experts, cfg.warps)
+    rows_per_block = (32 // cfg.lanes) * cfg.rows * cfg.warps * cfg.loop
+    nb1 = -(-project.out_rows // rows_per_block)
+    quant_p, quant_r = project.bits is not None, router.bits is not None
+    norm = router.norm_eps is not None
+    names = ("a", "pw", *(("ps", "pb") if quant_p else ()), "res", "rw",
+             *(("rs", "rb") if quant_r else ()), *(("g",) if norm else ()), "counters")
+    t = CUDA_TYPES[route.dtype]
+    source = (
+        "__shared__ int ticket;\n"
+        "int* count = const_cast<int*>(counters);\n"
+        "if (threadIdx.x == 0) ticket = atomicAdd(count, 1);\n"
+        "__syncthreads();\n"
+        "const int t = ticket;\n"
+        f"if (t < {nb1}) {{\n"
+        + project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
+                                           "y0": "h"})
+        + "  __threadfence();\n  __syncthreads();\n"
+        "  if (threadIdx.x == 0) atomicAdd(count + 1, 1);\n"
+        "  return;\n"
+        "}\n"
+        "if (threadIdx.x == 0) {\n"
+        f"  while (atomicAdd(count + 1, 0) < {nb1}) __nanosleep(100);\n"
+        "  __threadfence();\n"
+        "}\n"
+        "__syncthreads();\n"
+        + chained.source(block="0", coherent=True,
+                         names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"})
+        + "__threadfence_block();\n__syncthreads();\n"
+        f"if (threadIdx.x < 32) omnia::route<{t}, {route.n_experts}, {route.top_k}, "
+        f"{int(route.topk_first)}, {flag(route.normalize)}>(logits, weights, ids);\n"
+        "if (threadIdx.x == 0) {\n  count[0] = 0;\n  count[1] = 0;\n}\n"
+    )
+    kernel = cuda_kernel(f"omnia_project_route__{project.name()}__{route.name()}__{chained.name()}",
+                         names, ("h", "logits", "weights", "ids"), source, MOE_HEADER)
+    shapes = [(*lead, project.rows[0]), (route.n_experts,), (*lead, route.top_k),
+              (*lead, route.top_k)]
+    dtypes = [route.dtype, route.dtype, route.dtype, mx.uint32]
+    grid, threads = ((nb1 + 1) * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
+
+    def call(inputs: Sequence[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
+        out: Any = kernel(inputs=list(inputs), output_shapes=shapes, output_dtypes=dtypes,
+                          grid=grid, threadgroup=threads)
+        return out[0], out[2], out[3]
+
+    return call

@@ -42,7 +42,8 @@ def _shape(m: Linear | Embedding) -> tuple[int, int]:
     return m.dims, m.num_embeddings
 
 
-def _weights(m: Linear | Embedding) -> list[mx.array]:
+def matrix_inputs(m: Linear | Embedding) -> list[mx.array]:
+    """The kernel inputs of one matrix: weight, or weight, scales, biases."""
     return [m.weight] if m.bits is None else [m.weight, m.scales, m.biases]
 
 
@@ -85,7 +86,7 @@ def linear_build(decl: Linear) -> Callable[..., mx.array]:
         run = calls.get(key)
         if run is None:
             run = calls[key] = launcher(fused if residual is not None else plain, key[0])
-        inputs = [x, *_weights(decl)]
+        inputs = [x, *matrix_inputs(decl)]
         if residual is not None:
             inputs.append(residual)
         return run(inputs)[0]
@@ -139,7 +140,7 @@ def projections_build(decl: Projections) -> Callable[[mx.array], tuple[mx.array,
             run = calls[lead] = launcher(spec, lead)
         inputs: list[mx.array] = [x]
         for m in decl.matrices:
-            inputs += _weights(m)
+            inputs += matrix_inputs(m)
         if decl.norm is not None:
             inputs.append(decl.norm.weight)
         return tuple(run(inputs))

@@ -12,7 +12,7 @@ or the residual, as separate MLX ops would round it."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
@@ -164,7 +164,7 @@ struct QmvRow {
 
 // 1 / rms of one row of K values, for every thread of the block (NWARPS warps): the sum of
 // squares in float as mx.fast.rms_norm takes it, each warp's part, then the warps' in order.
-template <typename T, int K, int NWARPS>
+template <typename T, int K, int NWARPS, bool CG = false>
 __device__ __forceinline__ float row_inv_rms(const T* x, float eps) {
   __shared__ float red[NWARPS];
   const int tid = threadIdx.x;
@@ -172,7 +172,7 @@ __device__ __forceinline__ float row_inv_rms(const T* x, float eps) {
   float ss = 0.f;
   for (int i = tid; i < K / 8; i += NWARPS * 32) {
     float f[8];
-    unpack8<T>(x4[i], f);
+    if constexpr (CG) unpack8<T>(__ldcg(x4 + i), f); else unpack8<T>(x4[i], f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) ss = fmaf(f[j], f[j], ss);
   }
@@ -207,7 +207,6 @@ template <typename T, int BITS, int K, int NROWS, bool NORM = false, int NWARPS 
 __device__ __forceinline__ void stage_rows(const T* x, float* xq, float2* xsum, T* xs, int tid,
                                            int nt, const T* g = nullptr, float eps = 0.f) {
   static_assert(!NORM || NROWS == 1, "the norm prologue stages one row");
-  static_assert(!(NORM && CG), "the norm prologue reads x through L1");
   constexpr int VPC = BITS == 0 ? 8 : 128 / BITS;
   constexpr int CHUNKS = K / VPC;
   constexpr int XCH = K / 8;  // 16-byte pieces of one input row
@@ -217,7 +216,7 @@ __device__ __forceinline__ void stage_rows(const T* x, float* xq, float2* xsum, 
     if constexpr (CG) return __ldcg(x4 + i); else return x4[i];
   };
   float inv = 1.f;
-  if constexpr (NORM) inv = row_inv_rms<T, K, NWARPS>(x, eps);
+  if constexpr (NORM) inv = row_inv_rms<T, K, NWARPS, CG>(x, eps);
   if constexpr (BITS == 0) {
     uint4* xs4 = reinterpret_cast<uint4*>(xs);
     for (int i = tid; i < NROWS * XCH; i += nt) {
@@ -287,12 +286,15 @@ template <typename T> __device__ __forceinline__ float gelu_tanh_r(float g) {
 
 // ACT: 0 rows of up to three segments concatenated; 1 silu-gated, 2 gelu_tanh-gated (segment 0
 // the gate, segment 1 the up projection, N0 == N1 rows out).
+// `block`: this block's index among the launch's qmv blocks (blockIdx.x, or a chained launch's
+// ticket); CG: x was written by other blocks of this launch (staged through L2).
 template <typename T, int BITS, int GROUP, int K, int N0, int N1, int N2, int R, int LPR,
-          int NWARPS, int UNROLL, int PREF, int LOOP, bool NORM, int ACT, bool RESID>
+          int NWARPS, int UNROLL, int PREF, int LOOP, bool NORM, int ACT, bool RESID,
+          bool CG = false>
 __device__ __forceinline__ void qmv(
     const T* x, const void* w0, const T* s0, const T* b0, const void* w1, const T* s1,
     const T* b1, const void* w2, const T* s2, const T* b2, const T* g, const T* res, T* y0, T* y1, T* y2,
-    float eps) {
+    float eps, int block) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int ROWS = ACT == 0 ? N0 + N1 + N2 : N0;
@@ -319,7 +321,7 @@ __device__ __forceinline__ void qmv(
   // Points w/s/b/y/local at the rows of set `it`; `valid`: the group has rows there (otherwise
   // it computes row 0 again, as the shuffles need every lane, and writes nothing).
   auto select = [&](int it) {
-    int row0 = (((blockIdx.x * LOOP + it) * NWARPS + warp) * GPW + grp) * R;
+    int row0 = (((block * LOOP + it) * NWARPS + warp) * GPW + grp) * R;
     valid = row0 < ROWS;
     if (!valid) row0 = 0;
     w = w0; s = s0; b = b0; y = y0; local = row0;
@@ -354,9 +356,9 @@ __device__ __forceinline__ void qmv(
   // Quantized weights take the input staged as floats (XF), dense ones (and inputs too wide for
   // that) as T: stage_rows<T, 0, ...> copies it as T.
   if constexpr (XF) {
-    stage_rows<T, BITS, K, 1, NORM, NWARPS>(x, xq, xsum, xs, tid, NT, g, eps);
+    stage_rows<T, BITS, K, 1, NORM, NWARPS, CG>(x, xq, xsum, xs, tid, NT, g, eps);
   } else {
-    stage_rows<T, 0, K, 1, NORM, NWARPS>(x, xq, xsum, xs, tid, NT, g, eps);
+    stage_rows<T, 0, K, 1, NORM, NWARPS, CG>(x, xq, xsum, xs, tid, NT, g, eps);
   }
   __syncthreads();
 
@@ -392,7 +394,7 @@ __device__ __forceinline__ void qmv(
       prefetch();
     }
     // The whole warp past the end (uniform over the warp: no shuffle is left waiting).
-    if ((((blockIdx.x * LOOP + it) * NWARPS + warp) * GPW * R) >= ROWS) break;
+    if ((((block * LOOP + it) * NWARPS + warp) * GPW * R) >= ROWS) break;
     float acc[R], acc2[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) { acc[r] = 0.f; acc2[r] = 0.f; }
@@ -552,16 +554,22 @@ class QmvSpec:
             parts.append("res")
         return "_".join(parts)
 
-    def source(self) -> str:
+    def source(self, *, block: str = "blockIdx.x", coherent: bool = False,
+               names: Mapping[str, str] | None = None) -> str:
+        """The qmv call. `block`: the expression of this block's index among the qmv blocks;
+        `coherent`: x is written by other blocks of the same launch (read through L2);
+        `names`: the launch's variable for each of the call's inputs and outputs (x, w0, ...,
+        y0, ...) where it differs (a chained launch holds two calls)."""
         t = CUDA_TYPES[self.dtype]
-        names = set(self.input_names())
+        inputs = set(self.input_names())
         n = list(self.rows) + [0] * (3 - len(self.rows))
+        rename = dict(names or {})
 
         def arg(name: str) -> str:
-            return name if name in names else "nullptr"
+            return rename.get(name, name) if name in inputs else "nullptr"
 
         act = {None: 0, "silu": 1, "gelu_tanh": 2}[self.gate]
-        outs = [*self.outputs, "nullptr", "nullptr"][:3]
+        outs = [*(rename.get(o, o) for o in self.outputs), "nullptr", "nullptr"][:3]
         bits = self.bits or 0
         group = self.group_size or 1
         eps = repr(float(self.norm_eps)) + "f" if self.norm_eps is not None else "0.f"
@@ -570,11 +578,11 @@ class QmvSpec:
             f"omnia::qmv<{t}, {bits}, {group}, {self.k}, {n[0]}, {n[1]}, {n[2]}, "
             f"{cfg.rows}, {cfg.lanes}, {cfg.warps}, {cfg.unroll}, {cfg.prefetch}, {cfg.loop}, "
             f"{flag(self.norm_eps is not None)}, {act}, "
-            f"{flag(self.residual)}>(\n"
-            f"    x, {arg('w0')}, {arg('s0')}, {arg('b0')}, {arg('w1')}, {arg('s1')}, "
+            f"{flag(self.residual)}, {flag(coherent)}>(\n"
+            f"    {arg('x')}, {arg('w0')}, {arg('s0')}, {arg('b0')}, {arg('w1')}, {arg('s1')}, "
             f"{arg('b1')}, {arg('w2')}, {arg('s2')}, {arg('b2')}, {arg('g')}, {arg('res')}, "
             f"{', '.join(outs)}, "
-            f"{eps});\n"
+            f"{eps}, {block});\n"
         )
 
 
