@@ -19,7 +19,7 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 if [ "$1" = V ]; then
   end=$(( $(date +%s) + ${2:-540} ))
-  for part in "chain or project_route or moe_model" "experts or routed or route_matches or greedy_tokens or bind_only" \
+  for part in "chain or project_route or moe_model" "(experts or routed or route_matches or greedy_tokens or bind_only) and not chain" \
               "qmv or linear or projections or attention"; do
     left=$(( end - $(date +%s) )); [ $left -lt 30 ] && break
     tag=$(echo "$part" | cut -d' ' -f1)
