@@ -13,16 +13,16 @@
 # Y: py-spy host profile (native frames) of the 4-bit dense step. A and Y need .device-tools in
 #    the carry (scripts/fetch_device_tools.sh).
 # V [SECONDS]: the CUDA tests in three parts, chained experts first (each part's output in
-#    $OUT/cuda_<part>.txt), within SECONDS (default 540) overall.
+#    $OUT/cuda_part<N>.txt), within SECONDS (default 540) overall.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 if [ "$1" = V ]; then
-  end=$(( $(date +%s) + ${2:-540} ))
+  end=$(( $(date +%s) + ${2:-540} )); n=0
   for part in "chain or project_route or moe_model" "(experts or routed or route_matches or greedy_tokens or bind_only) and not chain" \
               "qmv or linear or projections or attention"; do
     left=$(( end - $(date +%s) )); [ $left -lt 30 ] && break
-    tag=$(echo "$part" | cut -d' ' -f1)
+    n=$((n + 1)); tag=part$n
     timeout $left python3 -m pytest -q -m cuda -p no:cacheprovider -rf tests/test_kernels_cuda.py \
       -k "$part" > $OUT/cuda_$tag.txt 2>&1
     echo "== $part"; grep -E "passed|failed|skipped|FAILED|Error" $OUT/cuda_$tag.txt | tail -6
