@@ -91,6 +91,19 @@ def build_all() -> None:
                 mx.zeros((n, spec.k // spec.group_size), dtype=spec.dtype),  # type: ignore[operator]
                 mx.zeros((n, spec.k // spec.group_size), dtype=spec.dtype)]  # type: ignore[operator]
 
+    def run_chained(project: QmvSpec, then: QmvSpec) -> None:
+        from mlx_omnia.engine.core.kernels.qmv.cuda import chained_fits, chained_launcher
+
+        if not chained_fits(project, then):
+            return
+        inputs = [mx.zeros((1, 1, project.k), dtype=project.dtype),
+                  *weights(project, project.rows[0]),
+                  mx.zeros((1, 1, project.rows[0]), dtype=project.dtype)]
+        for n in then.rows:
+            inputs += weights(then, n)
+        inputs += [mx.zeros((then.k,), dtype=then.dtype), mx.zeros((3,), dtype=mx.int32)]
+        chained_launcher(project, then, (1, 1))(inputs)
+
     def run_qmv(spec: QmvSpec) -> None:
         if not spec_fits(spec):
             return
@@ -113,6 +126,10 @@ def build_all() -> None:
             run_qmv(replace(base, k=9728, rows=(2560,), norm_eps=None, residual=True))
             run_qmv(replace(base, rows=(151936,)))
             run_qmv(replace(base, k=576, rows=(49152,)))
+            for k_in, d, inner in ((4096, 2560, 9728), (2048, 2048, 6144)):
+                for gate in ("silu", "gelu_tanh"):
+                    run_chained(replace(base, k=k_in, rows=(d,), norm_eps=None, residual=True),
+                                replace(base, k=d, rows=(inner, inner), gate=gate))
             for launch in CANDIDATES:
                 run_qmv(replace(base, rows=(9728, 9728), gate="silu", launch=launch))
                 run_qmv(replace(base, k=9728, rows=(2560,), norm_eps=None, residual=True,
@@ -233,7 +250,7 @@ def build_project_route() -> None:
                     continue
                 inputs = [mx.zeros((k_in,), dtype=dtype), *mats(hidden, k_in, bits, group, dtype),
                           mx.zeros((hidden,), dtype=dtype), *mats(e, hidden, bits, group, dtype),
-                          mx.zeros((hidden,), dtype=dtype), mx.zeros((2,), dtype=mx.int32)]
+                          mx.zeros((hidden,), dtype=dtype), mx.zeros((3,), dtype=mx.int32)]
                 project_route_launcher(project, route, router)(inputs)
 
 

@@ -31,6 +31,8 @@ from mlx_omnia.engine.core.kernels.moe import (
     routed_spec,
 )
 from mlx_omnia.engine.core.kernels.qmv import (
+    chained_applies,
+    chained_fits_decl,
     linear_applies,
     linear_fits,
     projections_applies,
@@ -38,6 +40,7 @@ from mlx_omnia.engine.core.kernels.qmv import (
 )
 from mlx_omnia.engine.core.layers import (
     AttentionStep,
+    ChainedProjections,
     Embedding,
     Linear,
     OffsetRmsNorm,
@@ -507,6 +510,66 @@ def test_project_route_is_the_projection_then_the_routing() -> None:
     assert mx.array_equal(ids, want_ids) and ids.shape == (1, 1, 8)
 
 
+def chained_qmv(*, project: dict[str, object] | None = None, then: dict[str, object] | None = None,
+                gate: str | None = "silu", with_norm: bool = True) -> ChainedProjections:
+    """qwen3's o_proj (4096 -> 2560, 4-bit) then its gate/up (2560 -> 2 x 9728, 4-bit, after
+    the RMS norm, silu), unless `project` / `then` change one property."""
+    o_proj = linear(**{"k": 4096, "n": 2560, "bits": 4, **(project or {})})  # type: ignore[arg-type]
+    cfg = {"k": 2560, "n": 9728, "bits": 4, **(then or {})}
+    pair = [linear(**cfg), linear(**cfg)]  # type: ignore[arg-type]
+    nrm = norm(int(cast(int, cfg["k"])), cast(mx.Dtype, cfg.get("dtype", mx.bfloat16))) if with_norm else None
+    return ChainedProjections(o_proj, Projections(pair, norm=nrm, gate=gate))  # type: ignore[arg-type]
+
+
+CHAINED_ACCEPTED: dict[str, Callable[[], ChainedProjections]] = {
+    "4-bit o_proj, 4-bit gate/up after the norm": lambda: chained_qmv(),
+    "dense bf16": lambda: chained_qmv(project={"bits": None}, then={"bits": None}),
+    "gelu_tanh gate": lambda: chained_qmv(gate="gelu_tanh"),
+    "gate/up without a norm": lambda: chained_qmv(with_norm=False),
+    "8-bit o_proj, 4-bit gate/up": lambda: chained_qmv(project={"bits": 8}),
+}
+CHAINED_DECLINED: dict[str, Callable[[], ChainedProjections]] = {
+    "o_proj with a bias": lambda: chained_qmv(project={"bias": True}),
+    "o_proj in float16": lambda: chained_qmv(project={"dtype": mx.float16}),
+    "o_proj 3-bit": lambda: chained_qmv(project={"bits": 3}),
+    "o_proj writes another width": lambda: chained_qmv(project={"n": 2048}),
+    "gate/up with a bias": lambda: chained_qmv(then={"bias": True}),
+    "gate/up in float16": lambda: chained_qmv(then={"dtype": mx.float16}),
+    "another block size (a 256-wide 4-bit gate/up runs 4 warps)": lambda: chained_qmv(
+        project={"n": 256}, then={"k": 256}),
+    "both inputs past the shared-memory stage": lambda: chained_qmv(
+        project={"k": 8192, "n": 4096}, then={"k": 4096}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHAINED_ACCEPTED))
+def test_chained_qmv_accepts_the_pair_it_computes(case: str) -> None:
+    assert chained_fits_decl(CHAINED_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(CHAINED_DECLINED))
+def test_chained_qmv_declines_a_pair_differing_in_one_property(case: str) -> None:
+    assert not chained_fits_decl(CHAINED_DECLINED[case]())
+
+
+def test_chained_projections_are_the_projection_then_the_projections() -> None:
+    """The core path: h = residual + o_proj(a), then gate/up of norm(h), each as bound."""
+    decl = chained_qmv(project={"bits": None, "dtype": mx.float32, "k": 256, "n": 128},
+                       then={"bits": None, "dtype": mx.float32, "k": 128, "n": 64})
+    decl.project.weight = mx.random.normal(decl.project.weight.shape, key=mx.random.key(1)) * 0.1
+    for i, m in enumerate(decl.then.matrices):
+        m.weight = mx.random.normal(m.weight.shape, key=mx.random.key(2 + i)) * 0.1
+    for d in (decl.project, decl.then, decl):
+        d.bind()
+    a = mx.random.normal((1, 1, 256), key=mx.random.key(5))
+    x = mx.random.normal((1, 1, 128), key=mx.random.key(6))
+    h, act = decl(a, x)
+    want_h = decl.project(a, residual=x)
+    (want_act,) = decl.then(want_h)
+    assert mx.array_equal(h, want_h) and mx.array_equal(act, want_act)
+    assert act.shape == (1, 1, 64)
+
+
 # --- the CPU backend ----------------------------------------------------------------------------
 @on_cpu
 def test_no_cuda_kernel_applies_on_the_cpu() -> None:
@@ -518,6 +581,7 @@ def test_no_cuda_kernel_applies_on_the_cpu() -> None:
     assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](DownCombine))
     assert not chain_applies(CHAIN_ACCEPTED["affine 4-bit g64"]())
     assert not project_route_applies(PROJECT_ROUTE_ACCEPTED["4-bit o_proj, 4-bit router"]())
+    assert not chained_applies(CHAINED_ACCEPTED["4-bit o_proj, 4-bit gate/up after the norm"]())
 
 
 @on_cpu

@@ -21,7 +21,9 @@ from mlx_omnia.engine.core.kernels.qmv import linear_spec, projections_spec
 from mlx_omnia.engine.core.kernels.qmv.cuda import CANDIDATES, Launch, launcher
 from mlx_omnia.engine.core.layers import (
     AttentionStep,
+    ChainedProjections,
     Embedding,
+    Gate,
     Linear,
     Projections,
     RmsNorm,
@@ -220,6 +222,19 @@ def test_kernels_bind_only_on_the_gpu_device() -> None:
     assert lin.bind() == "qmv_cuda"
 
 
+def reference_model(path: Path, quantize: dict[str, int] | None) -> Any:
+    """The checkpoint loaded in bf16 with every declaration bound to its core implementation."""
+    import os
+
+    from mlx_omnia import load
+
+    os.environ["OMNIA_REFERENCE_KERNELS"] = "1"
+    try:
+        return load(str(path), dtype="bfloat16", quantize=quantize)
+    finally:
+        del os.environ["OMNIA_REFERENCE_KERNELS"]
+
+
 def assert_greedy_agrees(fast: Any, ref: Any, prompt: str, steps: int = 128) -> None:
     """The issue's agreement criterion, teacher-forced on the reference's greedy tokens: at each
     step the kernel path's argmax equals the reference's, except where the reference's top-2
@@ -256,7 +271,6 @@ def test_small_model_greedy_tokens_agree_with_the_reference(
     within 2 % of the largest logit). Measured on the H200 (scripts/h200_agree.py, 2026-12-03,
     worst of 32 steps): kernel vs core 1.4 % (bf16) and 3.0 % (4-bit g64), where MLX's CPU and
     GPU core paths differ by 3.5 % and 23.6 %."""
-    import os
 
     from mlx_omnia import load
     from tests.fixtures.tiny import write_tiny_llama
@@ -266,11 +280,7 @@ def test_small_model_greedy_tokens_agree_with_the_reference(
     fast = load(str(path), dtype="bfloat16", quantize=quantize)
     kinds = set(fast.bindings().values())
     assert kinds == {"qmv_cuda", "attention_step_cuda", "core"}, kinds
-    os.environ["OMNIA_REFERENCE_KERNELS"] = "1"
-    try:
-        ref = load(str(path), dtype="bfloat16", quantize=quantize)
-    finally:
-        del os.environ["OMNIA_REFERENCE_KERNELS"]
+    ref = reference_model(path, quantize)
     assert set(ref.bindings().values()) == {"core"}
     assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
     gpu = mx.default_device()
@@ -421,6 +431,46 @@ def test_experts_gate_up_with_norm_matches_core(fmt: tuple[int | None, int | Non
         assert rel_err(got, want) <= 8 * ULP[dtype]
 
 
+@pytest.mark.parametrize(("k_in", "d", "inner"), [(4096, 2560, 9728), (2048, 2048, 6144)])
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("gate", ["silu", "gelu_tanh"])
+def test_chained_qmv_equals_projection_then_projections(
+    k_in: int, d: int, inner: int, fmt: tuple[int | None, int | None], dtype: mx.Dtype,
+    gate: Gate,
+) -> None:
+    """ChainedProjections (o_proj + residual, then the MLP's gate/up of norm(h), one launch:
+    the gate/up blocks wait for the o_proj blocks) writes exactly what the two qmv launches
+    write, launch after launch (its counters return to zero); both match the core within the
+    matmul rounding."""
+    from mlx_omnia.engine.core.kernels.qmv import chained_specs
+
+    o_proj = make_linear(k_in, d, fmt, dtype)
+    g, u, nrm = make_linear(d, inner, fmt, dtype), make_linear(d, inner, fmt, dtype), make_norm(d, dtype)
+    then = Projections([g, u], norm=nrm, gate=gate)
+    decl = ChainedProjections(o_proj, then)
+    assert o_proj.bind() == then.bind() == "qmv_cuda"
+    assert decl.bind() == "chained_qmv_cuda"
+    specs = chained_specs(decl)
+    assert specs is not None
+
+    def mats(m: Linear) -> list[mx.array]:
+        return [m.weight] if m.bits is None else [m.weight, m.scales, m.biases]
+
+    for seed in range(3):
+        mx.random.seed(seed)
+        a = mx.random.normal((1, 1, k_in)).astype(dtype)
+        x = (2 * mx.random.normal((1, 1, d))).astype(dtype)
+        h, act = decl(a, x)
+        want_h = launcher(specs[0], (1, 1))([a, *mats(o_proj), x])[0]
+        (want_act,) = launcher(specs[1], (1, 1))([want_h, *mats(g), *mats(u), nrm.weight])
+        assert h.shape == (1, 1, d) and act.shape == (1, 1, inner)
+        assert rel_err(h, want_h) == 0.0 and rel_err(act, want_act) == 0.0
+        core_h = o_proj.reference()(a, x)
+        assert rel_err(h, core_h) <= 8 * ULP[dtype]
+        assert rel_err(act, then.reference()(h)[0]) <= 8 * ULP[dtype]
+
+
 @pytest.mark.parametrize(("k_in", "n", "k"), [(4096, 128, 8), (512, 60, 4), (256, 8, 2)])
 @pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -505,10 +555,31 @@ def test_experts_chain_equals_gate_up_then_down(
             assert rel_err(got, core) <= 16 * ULP[dtype], step
 
 
+@pytest.mark.parametrize("quantize", [None, {"bits": 4, "group_size": 64}])
+def test_qwen3_model_greedy_tokens_agree_with_the_reference(
+    tmp_path: Path, quantize: dict[str, int] | None
+) -> None:
+    """A small qwen3 whose o_proj and gate/up run as one chained launch (chained_qmv_cuda):
+    greedy tokens through the compiled kernel step agree with the core path's."""
+
+    from mlx_omnia import load
+    from mlx_omnia.bench import shapes
+
+    shapes.SHAPES["test-qwen3"] = dict(
+        shapes.SHAPES["tiny"], hidden_size=256, intermediate_size=512, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, num_hidden_layers=3,
+    )
+    path = shapes.build_checkpoint("test-qwen3", tmp_path / "m", dtype="bfloat16")
+    fast = load(str(path), dtype="bfloat16", quantize=quantize)
+    kinds = set(fast.bindings().values())
+    assert {"qmv_cuda", "attention_step_cuda", "chained_qmv_cuda"} <= kinds, kinds
+    ref = reference_model(path, quantize)
+    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
+
+
 def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> None:
     """A qwen3_moe whose every declaration binds a kernel (4-bit): greedy tokens through the
     compiled kernel step agree with the core path's (assert_greedy_agrees)."""
-    import os
 
     from mlx_omnia import load
     from mlx_omnia.bench import shapes
@@ -523,9 +594,5 @@ def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> Non
     kinds = set(fast.bindings().values())
     assert {"qmv_cuda", "attention_step_cuda", "route_cuda", "experts_cuda",
             "experts_chain_cuda", "project_route_cuda"} <= kinds, kinds
-    os.environ["OMNIA_REFERENCE_KERNELS"] = "1"
-    try:
-        ref = load(str(path), dtype="bfloat16", quantize=quantize)
-    finally:
-        del os.environ["OMNIA_REFERENCE_KERNELS"]
+    ref = reference_model(path, quantize)
     assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")

@@ -25,7 +25,7 @@ from mlx_omnia.engine.core.mxcompat import (
 
 QuantMode = Literal["affine"]
 Gate = Literal["silu", "gelu_tanh"]
-_LINEAR_QMV, _PROJECTIONS_QMV = qmv_kernels.implementations()
+_LINEAR_QMV, _PROJECTIONS_QMV, _CHAINED_QMV = qmv_kernels.implementations()
 
 
 class Linear(Declaration):
@@ -502,3 +502,41 @@ class Projections(Declaration):
 
     def __call__(self, x: mx.array) -> tuple[mx.array, ...]:
         return self._bound(x)
+
+
+class ChainedProjections(Declaration):
+    """A projection with its residual, then projections of the sum: (a [..., in], residual
+    [..., out]) -> (h = residual + project(a), *then(h)); an attention's o_proj, then the MLP's
+    gate/up after the layer's norm. Declares the two in the order they run, so a kernel may run
+    both in one launch; owns neither, and each keeps its own binding for what the pair's kernel
+    declines."""
+
+    implementations = (_CHAINED_QMV,)
+    _project: Linear
+    _then: Projections
+
+    def __init__(self, project: Linear, then: Projections) -> None:
+        super().__init__()
+        object.__setattr__(self, "_project", project)
+        object.__setattr__(self, "_then", then)
+        self._bound: Callable[[mx.array, mx.array], tuple[mx.array, ...]] = self.reference()
+
+    @property
+    def project(self) -> Linear:
+        return self._project
+
+    @property
+    def then(self) -> Projections:
+        return self._then
+
+    def reference(self) -> Callable[[mx.array, mx.array], tuple[mx.array, ...]]:
+        project, then = self.project, self.then
+
+        def chained(a: mx.array, residual: mx.array) -> tuple[mx.array, ...]:
+            h = project(a, residual=residual)
+            return (h, *then(h))
+
+        return chained
+
+    def __call__(self, a: mx.array, residual: mx.array) -> tuple[mx.array, ...]:
+        return self._bound(a, residual)

@@ -320,7 +320,7 @@ def project_route_build(
     separate = decl.reference()
     # the launch's tickets and count, zero between launches (its last block zeroes them);
     # written in place, so owned here: one array per declaration
-    counters = mx.zeros((2,), dtype=mx.int32)
+    counters = mx.zeros((3,), dtype=mx.int32)
     evaluate(counters)
 
     def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:

@@ -31,7 +31,13 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.kernels import cuda_kernel
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, flag
-from mlx_omnia.engine.core.kernels.qmv.cuda import QMV_HEADER, Launch, QmvSpec, spec_fits
+from mlx_omnia.engine.core.kernels.qmv.cuda import (
+    QMV_HEADER,
+    Launch,
+    QmvSpec,
+    chain_source,
+    spec_fits,
+)
 
 MAX_EXPERTS = 512  # router width one warp holds in registers (16 logits per lane)
 MAX_TOP_K = 32     # selected experts: one lane group each in the combine
@@ -575,7 +581,7 @@ def project_route_launcher(
     project: QmvSpec, route: RouteSpec, router: QmvSpec, lead: tuple[int, ...] = ()
 ) -> Callable[[Sequence[mx.array]], tuple[mx.array, mx.array, mx.array]]:
     """(a [*lead, in], the projection's weights..., residual [*lead, out], the router's
-    weights..., norm weight [out]?, counters [2] int32 zeros) -> (h = residual + a @ P.T
+    weights..., norm weight [out]?, counters [3] int32 zeros) -> (h = residual + a @ P.T
     [*lead, out], routing weights [*lead, k], ids [*lead, k] uint32), in one launch: the
     projection's qmv blocks (tickets below NB1), then one block that waits for them, computes
     the router logits of h (RMS-normalized when the router declares its norm; an output too)
@@ -589,30 +595,16 @@ def project_route_launcher(
     names = ("a", "pw", *(("ps", "pb") if quant_p else ()), "res", "rw",
              *(("rs", "rb") if quant_r else ()), *(("g",) if norm else ()), "counters")
     t = CUDA_TYPES[route.dtype]
-    source = (
-        "__shared__ int ticket;\n"
-        "int* count = const_cast<int*>(counters);\n"
-        "if (threadIdx.x == 0) ticket = atomicAdd(count, 1);\n"
-        "__syncthreads();\n"
-        "const int t = ticket;\n"
-        f"if (t < {nb1}) {{\n"
-        + project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
-                                           "y0": "h"})
-        + "  __threadfence();\n  __syncthreads();\n"
-        "  if (threadIdx.x == 0) atomicAdd(count + 1, 1);\n"
-        "  return;\n"
-        "}\n"
-        "if (threadIdx.x == 0) {\n"
-        f"  while (atomicAdd(count + 1, 0) < {nb1}) __nanosleep(100);\n"
-        "  __threadfence();\n"
-        "}\n"
-        "__syncthreads();\n"
-        + chained.source(block="0", coherent=True,
-                         names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"})
+    source = chain_source(
+        nb1,
+        project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
+                                         "y0": "h"}),
+        chained.source(block="0", coherent=True,
+                       names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"})
         + "__threadfence_block();\n__syncthreads();\n"
         f"if (threadIdx.x < 32) omnia::route<{t}, {route.n_experts}, {route.top_k}, "
-        f"{int(route.topk_first)}, {flag(route.normalize)}>(logits, weights, ids);\n"
-        "if (threadIdx.x == 0) {\n  count[0] = 0;\n  count[1] = 0;\n}\n"
+        f"{int(route.topk_first)}, {flag(route.normalize)}>(logits, weights, ids);\n",
+        1,
     )
     kernel = cuda_kernel(f"omnia_project_route__{project.name()}__{route.name()}__{chained.name()}",
                          names, ("h", "logits", "weights", "ids"), source, MOE_HEADER)

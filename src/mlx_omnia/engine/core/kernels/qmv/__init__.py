@@ -15,10 +15,17 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from mlx_omnia.engine.core.kernels import cuda_backend
-from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec, launcher, spec_fits
+from mlx_omnia.engine.core.kernels.qmv.cuda import (
+    QmvSpec,
+    chained_fits,
+    chained_launcher,
+    launcher,
+    spec_fits,
+)
+from mlx_omnia.engine.core.mxcompat import evaluate
 
 if TYPE_CHECKING:
-    from mlx_omnia.engine.core.layers import Embedding, Linear, Projections
+    from mlx_omnia.engine.core.layers import ChainedProjections, Embedding, Linear, Projections
 
 
 def matrix_format(m: Linear | Embedding) -> tuple[mx.Dtype, int | None, int | None] | None:
@@ -148,11 +155,60 @@ def projections_build(decl: Projections) -> Callable[[mx.array], tuple[mx.array,
     return call
 
 
-def implementations() -> tuple[Any, Any]:
-    """(Implementation for Linear, Implementation for Projections)."""
+def chained_specs(decl: ChainedProjections) -> tuple[QmvSpec, QmvSpec] | None:
+    """(projection with residual, the projections after it) of the one-launch pair, or None
+    where the kernel does not compute the declared pair exactly."""
+    project = linear_spec(decl.project, residual=True)
+    then = projections_spec(decl.then)
+    if project is None or then is None or not chained_fits(project, then):
+        return None
+    return project, then
+
+
+def chained_fits_decl(decl: ChainedProjections) -> bool:
+    """Every declared property is one the kernel computes (the backend aside)."""
+    return chained_specs(decl) is not None
+
+
+def chained_applies(decl: ChainedProjections) -> bool:
+    return cuda_backend() and chained_fits_decl(decl)
+
+
+def chained_build(decl: ChainedProjections) -> Callable[[mx.array, mx.array], tuple[mx.array, ...]]:
+    """Both in one launch for one token; anything else goes through the projection's and the
+    projections' own bindings."""
+    specs = chained_specs(decl)
+    assert specs is not None
+    project, then = specs
+    separate = decl.reference()
+    # the launch's tickets and counts, zero between launches (its last block zeroes them);
+    # written in place, so owned here: one array per declaration
+    counters = mx.zeros((3,), dtype=mx.int32)
+    evaluate(counters)
+
+    def chained(a: mx.array, residual: mx.array) -> tuple[mx.array, ...]:
+        if (
+            not _single_row(a, project.k, project.dtype) or residual.dtype != project.dtype
+            or residual.shape != (*a.shape[:-1], then.k)
+        ):
+            return separate(a, residual)
+        inputs = [a, *matrix_inputs(decl.project), residual]
+        for m in decl.then.matrices:
+            inputs += matrix_inputs(m)
+        if decl.then.norm is not None:
+            inputs.append(decl.then.norm.weight)
+        inputs.append(counters)
+        return tuple(chained_launcher(project, then, tuple(a.shape[:-1]))(inputs))
+
+    return chained
+
+
+def implementations() -> tuple[Any, Any, Any]:
+    """(Implementation for Linear, for Projections, for ChainedProjections)."""
     from mlx_omnia.engine.core.binding import Implementation
 
     return (
         Implementation("qmv_cuda", linear_applies, linear_build),
         Implementation("qmv_cuda", projections_applies, projections_build),
+        Implementation("chained_qmv_cuda", chained_applies, chained_build),
     )

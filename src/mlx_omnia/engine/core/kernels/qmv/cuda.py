@@ -632,3 +632,94 @@ def spec_fits(spec: QmvSpec) -> bool:
         return False
     values_per_chunk = 128 // spec.bits
     return spec.k % spec.group_size == 0 and spec.k % values_per_chunk == 0
+
+
+STAGED_TOGETHER = 10240  # inputs two qmv calls of one launch stage in static shared memory
+
+
+def blocks_of(spec: QmvSpec) -> int:
+    """Blocks of spec's own launch."""
+    cfg = spec.config
+    rows_per_block = (32 // cfg.lanes) * cfg.rows * cfg.warps * cfg.loop
+    return -(-spec.out_rows // rows_per_block)
+
+
+def chain_source(nb1: int, first: str, second: str, nb2: int) -> str:
+    """The body of a chained launch (docs/kernels.md): every block takes a ticket t from
+    counters[0] as it starts; t < nb1 runs `first` and publishes (each thread's writes fenced,
+    then one count in counters[1]); the others wait until nb1 have published, then run
+    `second` (its block index is t - nb1). The last of the nb2 second blocks to finish
+    (counters[2]) zeroes the counters. A block only waits on blocks holding lower tickets, which
+    are running: no co-residency is assumed."""
+    return (
+        "__shared__ int ticket;\n"
+        "int* count = const_cast<int*>(counters);\n"
+        "if (threadIdx.x == 0) ticket = atomicAdd(count, 1);\n"
+        "__syncthreads();\n"
+        "const int t = ticket;\n"
+        f"if (t < {nb1}) {{\n{first}"
+        "  __threadfence();\n  __syncthreads();\n"
+        "  if (threadIdx.x == 0) atomicAdd(count + 1, 1);\n"
+        "  return;\n"
+        "}\n"
+        "if (threadIdx.x == 0) {\n"
+        f"  while (atomicAdd(count + 1, 0) < {nb1}) __nanosleep(100);\n"
+        "  __threadfence();\n"
+        "}\n"
+        f"__syncthreads();\n{second}"
+        f"if (threadIdx.x == 0 && atomicAdd(count + 2, 1) == {nb2 - 1}) {{\n"
+        "  count[0] = 0;\n  count[1] = 0;\n  count[2] = 0;\n}\n"
+    )
+
+
+def chained_fits(project: QmvSpec, then: QmvSpec) -> bool:
+    """A projection with its residual, then projections of its output, in one launch: each fits
+    alone, with its own launch configuration, both with one block size and dtype, `then` reads
+    the projection's rows, and both staged inputs fit one block's static shared memory."""
+    return (
+        spec_fits(project) and spec_fits(then)
+        and project.residual and len(project.rows) == 1
+        and project.norm_eps is None and project.gate is None
+        and not then.residual
+        and project.dtype == then.dtype
+        and project.rows[0] == then.k
+        and project.config.warps == then.config.warps
+        and project.k + then.k <= STAGED_TOGETHER
+    )
+
+
+@cache
+def chained_launcher(
+    project: QmvSpec, then: QmvSpec, lead: tuple[int, ...]
+) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+    """(a [*lead, in], the projection's weights..., residual [*lead, out], then's weights...,
+    then's norm weight?, counters [3] int32 zeros) -> [h = residual + a @ P.T, then's outputs of
+    h...], in one launch: the projection's blocks take the first tickets and publish h; the
+    rest wait for them and run then's blocks, reading h through L2; the last to finish zeroes
+    the counters (written in place: the caller owns one array per declaration)."""
+    nb1, nb2 = blocks_of(project), blocks_of(then)
+    pw = ("pw", "ps", "pb") if project.bits is not None else ("pw",)
+    names = ("a", *pw, "res", *then.input_names()[1:], "counters")
+    outs = tuple(f"t{o}" for o in then.outputs)
+    source = chain_source(
+        nb1,
+        project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
+                                         "y0": "h"}),
+        then.source(block=f"t - {nb1}", coherent=True,
+                    names={"x": "h", **{o: f"t{o}" for o in then.outputs}}),
+        nb2,
+    )
+    kernel = cuda_kernel(f"omnia_chained__{project.name()}__{then.name()}", names,
+                         ("h", *outs), source, QMV_HEADER)
+    rows = (then.rows[0],) if then.gate is not None else then.rows
+    shapes = [(*lead, project.rows[0]), *((*lead, n) for n in rows)]
+    cfg = project.config
+    grid, threads = ((nb1 + nb2) * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
+
+    def call(inputs: Sequence[mx.array]) -> list[mx.array]:
+        out: Any = kernel(inputs=list(inputs), output_shapes=shapes,
+                          output_dtypes=[project.dtype] * len(shapes), grid=grid,
+                          threadgroup=threads)
+        return list(out)
+
+    return call
