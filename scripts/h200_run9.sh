@@ -12,20 +12,22 @@
 #    `LD_PRELOAD=$PWD/.device-tools/libjemalloc.so.2 bash scripts/h200_run9.sh E 4` (or C).
 # Y: py-spy host profile (native frames) of the 4-bit dense step. A and Y need .device-tools in
 #    the carry (scripts/fetch_device_tools.sh).
-# V [SECONDS]: the CUDA tests in three parts, chained experts first (each part's output in
-#    $OUT/cuda_part<N>.txt), within SECONDS (default 540) overall.
+# V [SECONDS [FIRST]]: the CUDA tests in four parts from part FIRST (default 1): the chained
+#    launches, the whole small models, experts/routing, qmv/attention; each part's output in
+#    $OUT/cuda_part<N>.txt; within SECONDS (default 540) overall.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 if [ "$1" = V ]; then
   end=$(( $(date +%s) + ${2:-540} )); n=0
-  for part in "chain or project_route or moe_model" "(experts or routed or route_matches or greedy_tokens or bind_only) and not chain" \
-              "qmv or linear or projections or attention"; do
+  parts=("chain or project_route" "model_greedy" "(experts or routed or route_matches or bind_only) and not chain and not project_route"
+         "(qmv or linear or projections or attention) and not chain and not project_route")
+  for part in "${parts[@]}"; do
+    n=$((n + 1)); [ $n -lt ${3:-1} ] && continue
     left=$(( end - $(date +%s) )); [ $left -lt 30 ] && break
-    n=$((n + 1)); tag=part$n
     timeout $left python3 -m pytest -q -m cuda -p no:cacheprovider -rf tests/test_kernels_cuda.py \
-      -k "$part" > $OUT/cuda_$tag.txt 2>&1
-    echo "== $part"; grep -E "passed|failed|skipped|FAILED|Error" $OUT/cuda_$tag.txt | tail -6
+      -k "$part" > $OUT/cuda_part$n.txt 2>&1
+    echo "== part $n: $part"; grep -E "passed|failed|skipped|FAILED|Error" $OUT/cuda_part$n.txt | tail -6
   done
 elif [ "$1" = T ]; then
   timeout "${3:-400}" python3 -m pytest -q -m cuda -p no:cacheprovider -rf --durations=8 \
