@@ -6,7 +6,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_omnia.engine.core.cache import KVCache
-from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, Projections, RmsNorm
+from mlx_omnia.engine.core.layers import (
+    AttentionStep,
+    ChainedProjections,
+    Embedding,
+    Linear,
+    Projections,
+    RmsNorm,
+)
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.llama.config import LlamaConfig
 
@@ -28,11 +35,9 @@ class LlamaAttention(nn.Module):
             rope=self.rope,
         )
 
-    def __call__(
-        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None, residual: mx.array
-    ) -> mx.array:
-        """residual + o_proj(attention of the projections q, k, v)."""
-        return self.o_proj(self.attention.project(q, k, v, cache), residual=residual)
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
+        """The attention of the projections q, k, v: o_proj's input."""
+        return self.attention.project(q, k, v, cache)
 
 
 class LlamaMLP(nn.Module):
@@ -59,11 +64,12 @@ class LlamaDecoderLayer(nn.Module):
         self.gate_up = Projections(
             (mlp.gate_proj, mlp.up_proj), norm=self.post_attention_layernorm, gate="silu"
         )
+        # o_proj (with the residual) runs right before the MLP's gate/up of its sum
+        self.o_gate_up = ChainedProjections(attn.o_proj, self.gate_up)
 
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
         q, k, v = self.qkv(x)
-        h = self.self_attn(q, k, v, cache, residual=x)
-        (act,) = self.gate_up(h)
+        h, act = self.o_gate_up(self.self_attn.attend(q, k, v, cache), x)
         return self.mlp.down_proj(act, residual=h)
 
 
