@@ -7,6 +7,8 @@
 # H: host time under MLX's CUDA graph knobs (MLX_USE_CUDA_GRAPHS=0, one graph a token).
 # P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
+# E and C take EXTRA (more omnia-bench arguments, e.g. EXTRA=--unchained for the arm without
+# chained launches), RUNS, and ET / CT (their time limits).
 # A: host time with glibc's malloc against jemalloc (LD_PRELOAD), omnia and mlx-lm, 4-bit dense
 #    and the MoE (16 layers), each twice. The benches under jemalloc:
 #    `LD_PRELOAD=$PWD/.device-tools/libjemalloc.so.2 bash scripts/h200_run9.sh E 4` (or C).
@@ -57,7 +59,7 @@ elif [ "$1" = E ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-4b"
   for q in ${2:-0 4}; do
     QA=""; [ "$q" != 0 ] && QA="--quantize $q"
-    timeout 220 $B --runs ${RUNS:-3} $QA --json $OUT/bench_$q.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/bench_$q.txt
+    timeout ${ET:-220} $B --runs ${RUNS:-3} $QA ${EXTRA:-} --json $OUT/bench_$q.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/bench_$q.txt
   done
 elif [ "$1" = M ]; then
   # the MoE step's host and GPU time (48 layers, written 4-bit: the bf16 checkpoint would not fit)
@@ -119,7 +121,7 @@ elif [ "$1" = Y ]; then
     python3 scripts/spy_report.py /tmp/spy_q4.txt $mk 45; done | tee $OUT/spy_q4_report.txt
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
-  timeout ${CT:-400} $B --runs ${RUNS:-3} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
+  timeout ${CT:-400} $B --runs ${RUNS:-3} ${EXTRA:-} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
 else
   for fmt in bf16 q4; do
     timeout 100 $NCU --clock-control none --metrics gpu__time_duration.sum --csv \

@@ -52,8 +52,9 @@ def test_named_shapes_have_the_published_parameter_counts() -> None:
 
 
 def test_interleaved_float32_arms_compute_the_same_logits(tmp_path: Path) -> None:
-    text, report = run_bench(tmp_path, "interleaved", *SMALL, "--dtype", "float32", "--reference")
-    arms = ["omnia", "omnia-reference", *(["mlx-lm"] if HAS_MLX_LM else [])]
+    text, report = run_bench(tmp_path, "interleaved", *SMALL, "--dtype", "float32", "--reference",
+                             "--unchained")
+    arms = ["omnia", "omnia-unchained", "omnia-reference", *(["mlx-lm"] if HAS_MLX_LM else [])]
     assert list(table_rows(text)) == arms
     assert "device: Device(" in text and "mlx 0." in text
     assert [r["arm"] for r in report["table"]] == arms

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import cast
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
-from mlx_omnia.engine.core.binding import bind_layers
+from mlx_omnia.engine.core.binding import Declaration, Implementation, bind_layers
 from mlx_omnia.engine.core.kernels import cuda_backend, header_include
 from mlx_omnia.engine.core.kernels.attention_step import attention_applies, attention_fits
 from mlx_omnia.engine.core.kernels.moe import (
@@ -568,6 +569,33 @@ def test_chained_projections_are_the_projection_then_the_projections() -> None:
     (want_act,) = decl.then(want_h)
     assert mx.array_equal(h, want_h) and mx.array_equal(act, want_act)
     assert act.shape == (1, 1, 64)
+
+
+class _Pair(Declaration):
+    """A declaration with a chained implementation and a plain one, both always applying."""
+
+    implementations = (
+        Implementation("pair_chained", lambda _: True, lambda _: lambda: "chained", chained=True),
+        Implementation("pair_plain", lambda _: True, lambda _: lambda: "plain"),
+    )
+
+    def reference(self) -> Callable[[], str]:
+        return lambda: "core"
+
+
+def test_chained_implementations_can_be_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bind(chained=False) / bind_layers with OMNIA_CHAINED_KERNELS=0 skips implementations that
+    run two declarations in one launch (A/B runs: omnia-bench --unchained)."""
+    decl = _Pair()
+    assert decl.bind() == "pair_chained"
+    assert decl.bind(chained=False) == "pair_plain"
+    holder = nn.Module()
+    holder.pair = decl
+    monkeypatch.setenv("OMNIA_CHAINED_KERNELS", "0")
+    assert bind_layers(holder) == {"pair": "pair_plain"}
+    monkeypatch.setenv("OMNIA_CHAINED_KERNELS", "1")
+    assert bind_layers(holder) == {"pair": "pair_chained"}
+    assert bind_layers(holder, force_reference=True) == {"pair": "core"}
 
 
 # --- the CPU backend ----------------------------------------------------------------------------

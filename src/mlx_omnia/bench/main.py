@@ -252,6 +252,13 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
                     str(path), dtype=args.dtype, quantize=quantize, reference=False, eager=True
                 )
             )
+        if getattr(args, "unchained", False):
+            _progress("loading omnia-unchained (OMNIA_CHAINED_KERNELS=0)")
+            arms.append(
+                measure.omnia_arm(
+                    str(path), dtype=args.dtype, quantize=quantize, reference=False, chained=False
+                )
+            )
         if args.reference:
             _progress("loading omnia-reference (OMNIA_REFERENCE_KERNELS=1)")
             arms.append(
@@ -604,6 +611,9 @@ def parser() -> argparse.ArgumentParser:
                             "engine's float32 CPU path against mlx-lm in bfloat16)")
     inter.add_argument("--reference", action="store_true",
                        help="add the omnia-reference arm (OMNIA_REFERENCE_KERNELS=1)")
+    inter.add_argument("--unchained", action="store_true",
+                       help="add the omnia-unchained arm (OMNIA_CHAINED_KERNELS=0: no two "
+                            "declarations share a launch)")
     inter.add_argument("--eager", action="store_true",
                        help="add the omnia-eager arm (decode without the compiled step)")
     inter.add_argument("--explain", action="store_true",

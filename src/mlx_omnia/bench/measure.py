@@ -29,6 +29,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
+CHAINED_ENV = "OMNIA_CHAINED_KERNELS"
 MLX_LM_PREFILL_STEP = 2048  # generate_step's default prefill_step_size (mlx-lm 0.32)
 
 # feed(ids) -> (logits whose last row is the last id's, cache arrays): lazy, the caller evaluates
@@ -85,20 +86,24 @@ def top_logits(row: mx.array, k: int = TOP_K) -> dict[int, float]:
 
 def omnia_arm(
     path: str, *, dtype: str, quantize: tuple[int, int] | None, reference: bool,
-    eager: bool = False,
+    eager: bool = False, chained: bool = True,
 ) -> Arm:
     """The engine through its public API; `reference` binds the core implementations, `eager`
-    decodes without the compiled step (OMNIA_COMPILE=0, read when a sequence starts)."""
-    before = os.environ.get(FORCE_REFERENCE_ENV)
+    decodes without the compiled step (OMNIA_COMPILE=0, read when a sequence starts),
+    `chained=False` binds no chained launch (OMNIA_CHAINED_KERNELS=0: each declaration of a pair
+    runs its own launch)."""
+    before = {name: os.environ.get(name) for name in (FORCE_REFERENCE_ENV, CHAINED_ENV)}
     os.environ[FORCE_REFERENCE_ENV] = "1" if reference else "0"  # read once, at binding
+    os.environ[CHAINED_ENV] = "1" if chained else "0"
     try:
         q = None if quantize is None else {"bits": quantize[0], "group_size": quantize[1]}
         model = mlx_omnia.load(path, dtype=dtype, quantize=q)
     finally:
-        if before is None:
-            del os.environ[FORCE_REFERENCE_ENV]
-        else:
-            os.environ[FORCE_REFERENCE_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
     def new_sequence() -> Feed:
         saved = os.environ.get(COMPILE_ENV)
@@ -128,7 +133,8 @@ def omnia_arm(
     step_bytes = cast(int, getattr(model, "decode_bytes", 0))
     bindings_of = getattr(model, "bindings", None)
     bindings = cast(dict[str, str], bindings_of()) if callable(bindings_of) else {}
-    name = "omnia-reference" if reference else "omnia-eager" if eager else "omnia"
+    name = ("omnia-reference" if reference else "omnia-eager" if eager
+            else "omnia-unchained" if not chained else "omnia")
     return Arm(name, nbytes, new_sequence, bindings, step_bytes)
 
 

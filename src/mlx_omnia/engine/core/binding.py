@@ -20,15 +20,20 @@ from mlx_omnia.engine.core.mxcompat import named_modules
 D = TypeVar("D", bound="Declaration")
 
 FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
+CHAINED_ENV = "OMNIA_CHAINED_KERNELS"
 
 
 @dataclass(frozen=True)
 class Implementation(Generic[D]):
-    """One way to compute a declaration. `applies` must accept only what it computes exactly."""
+    """One way to compute a declaration. `applies` must accept only what it computes exactly.
+    `chained`: it runs two declared operations in one launch (docs/kernels.md); binding can
+    leave such implementations out (`chained=False`), the pair then running as separate
+    launches."""
 
     name: str
     applies: Callable[[D], bool]
     build: Callable[[D], Callable[..., Any]]
+    chained: bool = False
 
 
 class Declaration(nn.Module):
@@ -45,12 +50,12 @@ class Declaration(nn.Module):
         """The core MLX implementation of this declaration."""
         raise NotImplementedError
 
-    def bind(self, *, force_reference: bool = False) -> str:
+    def bind(self, *, force_reference: bool = False, chained: bool = True) -> str:
         chosen: Callable[..., Any] | None = None
         name = "core"
         if not force_reference:
             for impl in self.implementations:
-                if impl.applies(self):
+                if (chained or not impl.chained) and impl.applies(self):
                     chosen, name = impl.build(self), impl.name
                     break
         self._bound = chosen if chosen is not None else self.reference()
@@ -64,14 +69,23 @@ def _declarations(model: nn.Module) -> Iterator[tuple[str, Declaration]]:
             yield path, module
 
 
-def bind_layers(model: nn.Module, *, force_reference: bool | None = None) -> dict[str, str]:
+def bind_layers(
+    model: nn.Module, *, force_reference: bool | None = None, chained: bool | None = None
+) -> dict[str, str]:
     """Bind every declaration in `model`; returns {module path: implementation name}.
 
     `force_reference` (or OMNIA_REFERENCE_KERNELS=1) binds the core implementations everywhere,
-    for A/B runs against the reference."""
+    for A/B runs against the reference. `chained=False` (or OMNIA_CHAINED_KERNELS=0) leaves out
+    the implementations that run two declarations in one launch, for A/B runs against separate
+    launches."""
     if force_reference is None:
         force_reference = os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
-    return {path: decl.bind(force_reference=force_reference) for path, decl in _declarations(model)}
+    if chained is None:
+        chained = os.environ.get(CHAINED_ENV, "") != "0"
+    return {
+        path: decl.bind(force_reference=force_reference, chained=chained)
+        for path, decl in _declarations(model)
+    }
 
 
 def bindings(model: nn.Module) -> dict[str, str]:

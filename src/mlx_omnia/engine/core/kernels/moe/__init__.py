@@ -347,8 +347,9 @@ def implementations() -> tuple[Any, Any, tuple[Any, Any], tuple[Any]]:
         Implementation("route_cuda", route_applies, route_build),
         Implementation("experts_cuda", experts_applies, gate_up_build),
         (
-            Implementation("experts_chain_cuda", chain_applies, chain_build),
+            Implementation("experts_chain_cuda", chain_applies, chain_build, chained=True),
             Implementation("experts_cuda", experts_applies, down_combine_build),
         ),
-        (Implementation("project_route_cuda", project_route_applies, project_route_build),),
+        (Implementation("project_route_cuda", project_route_applies, project_route_build,
+                        chained=True),),
     )

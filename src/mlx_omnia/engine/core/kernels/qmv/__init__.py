@@ -210,5 +210,5 @@ def implementations() -> tuple[Any, Any, Any]:
     return (
         Implementation("qmv_cuda", linear_applies, linear_build),
         Implementation("qmv_cuda", projections_applies, projections_build),
-        Implementation("chained_qmv_cuda", chained_applies, chained_build),
+        Implementation("chained_qmv_cuda", chained_applies, chained_build, chained=True),
     )
