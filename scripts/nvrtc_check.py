@@ -255,7 +255,7 @@ def build_project_route() -> None:
 
 
 def chain(up: Any, down: Any, mats: Any) -> None:
-    """expert_chain: gate/up then down in one launch (the kernel qwen3_moe's experts bind)."""
+    """chain_launcher: expert gate/up then down in one launch (the kernel qwen3_moe's experts bind)."""
     from mlx_omnia.engine.core.kernels.moe.cuda import chain_fits, chain_launcher
 
     if not chain_fits(up, down):

@@ -521,7 +521,7 @@ def test_experts_chain_equals_gate_up_then_down(
     shape: tuple[int, int, int, int], fmt: tuple[int | None, int | None], dtype: mx.Dtype,
     with_norm: bool,
 ) -> None:
-    """expert_chain (gate/up then down in one launch, blocks ordered by tickets) writes exactly
+    """The experts chain (gate/up then down in one launch, blocks ordered by tickets) writes exactly
     what the gate/up kernel followed by the down kernel write, launch after launch (its
     counters return to zero), with and without the residual."""
     d_in, hidden, n, k = shape

@@ -32,6 +32,7 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     routed_fits,
     routed_launcher,
 )
+from mlx_omnia.engine.core.kernels.qmv import matrix_inputs
 from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
 from mlx_omnia.engine.core.mxcompat import evaluate
 
@@ -83,8 +84,7 @@ def route_build(decl: Route) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
 
     def routed(h: mx.array) -> tuple[mx.array, mx.array]:
         if fused is not None and h.size == fused[1].k and h.dtype == fused[1].dtype:
-            m = router.matrices[0]
-            inputs = [h, *([m.weight] if m.bits is None else [m.weight, m.scales, m.biases])]
+            inputs = [h, *matrix_inputs(router.matrices[0])]
             if router.norm is not None:
                 inputs.append(router.norm.weight)
             return routed_launcher(*fused, tuple(h.shape[:-1]))(inputs)
@@ -225,7 +225,7 @@ def _down_combine(decl: DownCombine) -> Callable[..., mx.array]:
 def chain_specs(decl: DownCombine, top_k: int, *, residual: bool = False
                 ) -> tuple[ExpertsSpec, ExpertsSpec] | None:
     """(gate/up, down) specs of the one-launch chain for a DownCombine declaring its gate_up,
-    or None where expert_chain does not compute the pair exactly."""
+    or None where chain_launcher does not compute the pair exactly."""
     if decl.gate_up is None:
         return None
     up = experts_spec(decl.gate_up, top_k)
@@ -236,7 +236,7 @@ def chain_specs(decl: DownCombine, top_k: int, *, residual: bool = False
 
 
 def chain_fits_decl(decl: DownCombine) -> bool:
-    """The declared gate_up and down are a pair expert_chain computes (the backend aside; the
+    """The declared gate_up and down are a pair chain_launcher computes (the backend aside; the
     number of selected experts is Route's, checked per call)."""
     return chain_specs(decl, 1) is not None
 
@@ -253,7 +253,7 @@ def chain_build(decl: DownCombine) -> Callable[..., mx.array]:
     separate = down_combine_build(decl)
     dtype = _dtype(decl)
     specs: dict[tuple[int, bool], tuple[ExpertsSpec, ExpertsSpec] | None] = {}
-    # expert_chain's tickets and counts, zero between launches (the last block zeroes them);
+    # the chained launch's tickets and counts, zero between launches (the last block zeroes them);
     # written in place, so owned here: one array per declaration
     counters = mx.zeros((3,), dtype=mx.int32)
     evaluate(counters)
@@ -311,8 +311,6 @@ def project_route_build(
 ) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]]:
     """The projection, the router and the routing in one launch for one token; anything else
     goes through the projection's and the route's own bindings."""
-    from mlx_omnia.engine.core.kernels.qmv import matrix_inputs
-
     specs = project_route_specs(decl)
     router = decl.route.router
     assert specs is not None and router is not None

@@ -22,7 +22,7 @@ round them)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
@@ -32,16 +32,17 @@ import mlx.core as mx
 from mlx_omnia.engine.core.kernels import cuda_kernel
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, flag
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
+    MAX_ROWS_STAGED,
     QMV_HEADER,
     Launch,
     QmvSpec,
+    blocks_of,
     chain_source,
     spec_fits,
 )
 
 MAX_EXPERTS = 512  # router width one warp holds in registers (16 logits per lane)
 MAX_TOP_K = 32     # selected experts: one lane group each in the combine
-MAX_ROWS_STAGED = 10240  # input values one block stages in shared memory (40 KB as floats)
 
 MOE_HEADER = QMV_HEADER + r"""
 namespace omnia {
@@ -236,46 +237,6 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   }
 }
 
-// expert_gate_up then expert_down in one launch, the intermediate `mid` [TOPK][HID] passed
-// through global memory. Blocks take tickets in the order they start (counters[0]): the first
-// NB1 compute gate/up blocks and publish them (counters[1]); the others wait until all NB1 are
-// published, then compute down blocks. A block waits only on blocks holding lower tickets,
-// which have started, so nothing assumes the whole grid is resident. The last down block to
-// finish (counters[2]) zeroes the counters for the next launch. `mid` is also an output.
-template <typename T, int BITS, int GROUP, int K, int HID, int OUT, int TOPK, int LPR, int LPE,
-          int NWARPS, bool NORM, bool RESID, int NB1, int NB2>
-__device__ __forceinline__ void expert_chain(const T* x, const unsigned int* ids, const T* wts,
-                                             const void* w1, const T* s1, const T* b1,
-                                             const void* w2, const T* s2, const T* b2,
-                                             const T* g, float eps, const T* res,
-                                             const int* counters, T* mid, T* y) {
-  __shared__ int ticket;
-  int* count = const_cast<int*>(counters);
-  if (threadIdx.x == 0) ticket = atomicAdd(count, 1);
-  __syncthreads();
-  const int t = ticket;
-  if (t < NB1) {
-    expert_gate_up<T, BITS, GROUP, K, HID, TOPK, LPR, NWARPS, NORM>(x, ids, w1, s1, b1, mid, g,
-                                                                     eps, t);
-    __threadfence();  // this thread's writes of mid, visible device-wide before the count
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(count + 1, 1);
-    return;
-  }
-  if (threadIdx.x == 0) {
-    while (atomicAdd(count + 1, 0) < NB1) __nanosleep(100);
-    __threadfence();
-  }
-  __syncthreads();
-  expert_down<T, BITS, GROUP, HID, OUT, TOPK, LPE, NWARPS, RESID, true>(mid, ids, wts, w2, s2,
-                                                                       b2, res, y, t - NB1);
-  if (threadIdx.x == 0 && atomicAdd(count + 2, 1) == NB2 - 1) {
-    count[0] = 0;
-    count[1] = 0;
-    count[2] = 0;
-  }
-}
-
 }  // namespace omnia
 """
 
@@ -451,6 +412,48 @@ def experts_fits(spec: ExpertsSpec) -> bool:
     )
 
 
+def experts_input_names(spec: ExpertsSpec) -> tuple[str, ...]:
+    """The launch's inputs: gate_up (x, ids, weights..., g?); down (h, ids, wts, weights...,
+    res?)."""
+    mats = ("w", "s", "b") if spec.bits is not None else ("w",)
+    if spec.gate_up:
+        return ("x", "ids", *mats, *(("g",) if spec.norm_eps is not None else ()))
+    return ("h", "ids", "wts", *mats, *(("res",) if spec.residual else ()))
+
+
+def experts_blocks(spec: ExpertsSpec) -> int:
+    """Blocks of spec's own launch (WARPS warps each)."""
+    if spec.gate_up:
+        return -(-(spec.top_k * spec.rows) // (WARPS * 32 // spec.lanes))
+    return -(-spec.rows // WARPS)
+
+
+def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool = False,
+                 names: Mapping[str, str] | None = None) -> str:
+    """The expert_gate_up / expert_down call. `block`: this block's index among the kernel's
+    blocks; `coherent` (down only): h is written by other blocks of the same launch; `names`:
+    the launch's variable for an input or output (experts_input_names, out) where it differs."""
+    t = CUDA_TYPES[spec.dtype]
+    bits, group = spec.bits or 0, spec.group_size or 1
+    rename = dict(names or {})
+
+    def n(name: str) -> str:
+        return rename.get(name, name)
+
+    margs = f"{n('w')}, {n('s')}, {n('b')}" if spec.bits is not None else f"{n('w')}, nullptr, nullptr"
+    if spec.gate_up:
+        assert not coherent, "gate/up reads x from an earlier launch"
+        norm = spec.norm_eps is not None
+        eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
+        return (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
+                f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}>({n('x')}, {n('ids')}, "
+                f"{margs}, {n('out')}, {n('g') if norm else 'nullptr'}, {eps}, {block});\n")
+    return (f"omnia::expert_down<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
+            f"{spec.lanes}, {WARPS}, {flag(spec.residual)}, {flag(coherent)}>({n('h')}, "
+            f"{n('ids')}, {n('wts')}, {margs}, {n('res') if spec.residual else 'nullptr'}, "
+            f"{n('out')}, {block});\n")
+
+
 @cache
 def experts_launcher(
     spec: ExpertsSpec, lead: tuple[int, ...] = ()
@@ -458,30 +461,10 @@ def experts_launcher(
     """gate_up: (x [in], ids [k], weights..., norm weight [in]?) -> [*lead, k, hidden]; down: (h [k, in], ids [k],
     routing weights [k], weights..., residual [out]?) -> [*lead, out] (one token: `lead` only
     shapes the output as the caller wants it, so no reshape follows the launch)."""
-    t = CUDA_TYPES[spec.dtype]
-    bits, group = spec.bits or 0, spec.group_size or 1
-    quant = spec.bits is not None
-    mats = ("w", "s", "b") if quant else ("w",)
-    margs = "w, s, b" if quant else "w, nullptr, nullptr"
-    if spec.gate_up:
-        norm = spec.norm_eps is not None
-        names: tuple[str, ...] = ("x", "ids", *mats, *(("g",) if norm else ()))
-        eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
-        source = (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
-                  f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}>(x, ids, {margs}, out, "
-                  f"{'g' if norm else 'nullptr'}, {eps}, blockIdx.x);\n")
-        pairs_per_block = WARPS * 32 // spec.lanes
-        blocks = (spec.top_k * spec.rows + pairs_per_block - 1) // pairs_per_block
-        shape: tuple[int, ...] = (*lead, spec.top_k, spec.rows)
-    else:
-        names = ("h", "ids", "wts", *mats, *(("res",) if spec.residual else ()))
-        source = (f"omnia::expert_down<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
-                  f"{spec.lanes}, {WARPS}, {flag(spec.residual)}>(h, ids, wts, {margs}, "
-                  f"{'res' if spec.residual else 'nullptr'}, out, blockIdx.x);\n")
-        blocks = (spec.rows + WARPS - 1) // WARPS
-        shape = (*lead, spec.rows)
-    kernel = cuda_kernel(spec.name(), names, ("out",), source, MOE_HEADER)
-    grid, threads = (blocks * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
+    kernel = cuda_kernel(spec.name(), experts_input_names(spec), ("out",), experts_call(spec),
+                         MOE_HEADER)
+    shape = (*lead, spec.top_k, spec.rows) if spec.gate_up else (*lead, spec.rows)
+    grid, threads = (experts_blocks(spec) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
 
     def call(inputs: Sequence[mx.array]) -> mx.array:
         out: Any = kernel(inputs=list(inputs), output_shapes=[shape], output_dtypes=[spec.dtype],
@@ -492,7 +475,7 @@ def experts_launcher(
 
 
 def chain_fits(up: ExpertsSpec, down: ExpertsSpec) -> bool:
-    """Gate/up then down in one launch (expert_chain): each fits alone, they take the same
+    """Gate/up then down in one launch (chain_launcher): each fits alone, they take the same
     format and selected experts, the down reads the gate/up's hidden rows, and both staged
     inputs fit one block's static shared memory together."""
     return (
@@ -505,36 +488,28 @@ def chain_fits(up: ExpertsSpec, down: ExpertsSpec) -> bool:
     )
 
 
-def chain_blocks(up: ExpertsSpec, down: ExpertsSpec) -> tuple[int, int]:
-    """(gate/up blocks, down blocks) of a chained launch: as each kernel launches alone."""
-    pairs_per_block = WARPS * 32 // up.lanes
-    return -(-(up.top_k * up.rows) // pairs_per_block), -(-down.rows // WARPS)
-
-
 @cache
 def chain_launcher(
     up: ExpertsSpec, down: ExpertsSpec, lead: tuple[int, ...] = ()
 ) -> Callable[[Sequence[mx.array]], mx.array]:
     """(x [in], ids [k], routing weights [k], gate/up weights..., down weights..., norm weight
     [in]?, residual [out]?, counters [3] int32 zeros) -> [*lead, out]: the gate/up kernel's
-    blocks, then the down kernel's, in one launch (expert_chain). The counters are written in
-    place and left zero: the caller owns one array per declaration."""
-    t = CUDA_TYPES[up.dtype]
-    bits, group = up.bits or 0, up.group_size or 1
+    blocks, then the down kernel's reading the intermediate `mid` (an output too) through L2,
+    in one launch (chain_source). The counters are written in place and left zero: the caller
+    owns one array per declaration."""
     quant = up.bits is not None
-    norm, resid = up.norm_eps is not None, down.residual
     m1 = ("w1", "s1", "b1") if quant else ("w1",)
     m2 = ("w2", "s2", "b2") if quant else ("w2",)
-    a1 = "w1, s1, b1" if quant else "w1, nullptr, nullptr"
-    a2 = "w2, s2, b2" if quant else "w2, nullptr, nullptr"
-    names = ("x", "ids", "wts", *m1, *m2, *(("g",) if norm else ()), *(("res",) if resid else ()),
-             "counters")
-    nb1, nb2 = chain_blocks(up, down)
-    eps = repr(float(up.norm_eps)) + "f" if up.norm_eps is not None else "0.f"
-    source = (f"omnia::expert_chain<{t}, {bits}, {group}, {up.k}, {up.rows}, {down.rows}, "
-              f"{up.top_k}, {up.lanes}, {down.lanes}, {WARPS}, {flag(norm)}, {flag(resid)}, "
-              f"{nb1}, {nb2}>(x, ids, wts, {a1}, {a2}, {'g' if norm else 'nullptr'}, {eps}, "
-              f"{'res' if resid else 'nullptr'}, counters, mid, out);\n")
+    names = ("x", "ids", "wts", *m1, *m2, *(("g",) if up.norm_eps is not None else ()),
+             *(("res",) if down.residual else ()), "counters")
+    nb1, nb2 = experts_blocks(up), experts_blocks(down)
+    source = chain_source(
+        nb1,
+        experts_call(up, block="t", names={"w": "w1", "s": "s1", "b": "b1", "out": "mid"}),
+        experts_call(down, block=f"t - {nb1}", coherent=True,
+                     names={"h": "mid", "w": "w2", "s": "s2", "b": "b2"}),
+        nb2,
+    )
     prefix = len("omnia_experts_")
     kernel = cuda_kernel(f"omnia_experts_chain_{up.name()[prefix:]}__{down.name()[prefix:]}",
                          names, ("mid", "out"), source, MOE_HEADER)
@@ -588,8 +563,7 @@ def project_route_launcher(
     and routes them. The counters are written in place and left zero."""
     cfg = project.config
     chained = chained_router(router, route.n_experts, cfg.warps)
-    rows_per_block = (32 // cfg.lanes) * cfg.rows * cfg.warps * cfg.loop
-    nb1 = -(-project.out_rows // rows_per_block)
+    nb1 = blocks_of(project)
     quant_p, quant_r = project.bits is not None, router.bits is not None
     norm = router.norm_eps is not None
     names = ("a", "pw", *(("ps", "pb") if quant_p else ()), "res", "rw",

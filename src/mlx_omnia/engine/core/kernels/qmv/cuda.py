@@ -509,6 +509,11 @@ class QmvSpec:
         return self.rows[0] if self.gate is not None else sum(self.rows)
 
     @property
+    def output_rows(self) -> tuple[int, ...]:
+        """Rows of each output (one, when gated)."""
+        return (self.rows[0],) if self.gate is not None else self.rows
+
+    @property
     def outputs(self) -> tuple[str, ...]:
         return ("y0",) if self.gate is not None else tuple(f"y{i}" for i in range(len(self.rows)))
 
@@ -592,12 +597,9 @@ def launcher(spec: QmvSpec, lead: tuple[int, ...]) -> Callable[[Sequence[mx.arra
     calls it hundreds of times per token)."""
     kernel = cuda_kernel(spec.name(), spec.input_names(), spec.outputs, spec.source(), QMV_HEADER)
     cfg = spec.config
-    rows_per_block = (32 // cfg.lanes) * cfg.rows * cfg.warps * cfg.loop
-    blocks = (spec.out_rows + rows_per_block - 1) // rows_per_block
-    rows = (spec.rows[0],) if spec.gate is not None else spec.rows
-    shapes = [(*lead, n) for n in rows]
-    dtypes = [spec.dtype] * len(rows)
-    grid, threads = (blocks * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
+    shapes = [(*lead, n) for n in spec.output_rows]
+    dtypes = [spec.dtype] * len(shapes)
+    grid, threads = (blocks_of(spec) * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
 
     def call(inputs: Sequence[mx.array]) -> list[mx.array]:
         out: Any = kernel(
@@ -634,7 +636,9 @@ def spec_fits(spec: QmvSpec) -> bool:
     return spec.k % spec.group_size == 0 and spec.k % values_per_chunk == 0
 
 
-STAGED_TOGETHER = 10240  # inputs two qmv calls of one launch stage in static shared memory
+# input values one block stages in static shared memory (40 KB as floats): the experts' staged
+# rows, or the two inputs a chained launch's two calls stage together
+MAX_ROWS_STAGED = 10240
 
 
 def blocks_of(spec: QmvSpec) -> int:
@@ -684,7 +688,7 @@ def chained_fits(project: QmvSpec, then: QmvSpec) -> bool:
         and project.dtype == then.dtype
         and project.rows[0] == then.k
         and project.config.warps == then.config.warps
-        and project.k + then.k <= STAGED_TOGETHER
+        and project.k + then.k <= MAX_ROWS_STAGED
     )
 
 
@@ -711,8 +715,7 @@ def chained_launcher(
     )
     kernel = cuda_kernel(f"omnia_chained__{project.name()}__{then.name()}", names,
                          ("h", *outs), source, QMV_HEADER)
-    rows = (then.rows[0],) if then.gate is not None else then.rows
-    shapes = [(*lead, project.rows[0]), *((*lead, n) for n in rows)]
+    shapes = [(*lead, project.rows[0]), *((*lead, n) for n in then.output_rows)]
     cfg = project.config
     grid, threads = ((nb1 + nb2) * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
 
