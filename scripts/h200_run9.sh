@@ -6,13 +6,15 @@
 # B: per-kernel profile of a decode step (bf16, 4-bit), benches bf16 and 4-bit against mlx-lm.
 # H: host time under MLX's CUDA graph knobs (MLX_USE_CUDA_GRAPHS=0, one graph a token).
 # P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
+# L: prefill at a 4096-token prompt, bf16 and 4-bit qwen3-4b.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
 # E and C take EXTRA (more omnia-bench arguments, e.g. EXTRA=--unchained for the arm without
 # chained launches), RUNS, and ET / CT (their time limits).
 # A: host time with glibc's malloc against jemalloc (LD_PRELOAD), omnia and mlx-lm, 4-bit dense
 #    and the MoE (16 layers), each twice. The benches under jemalloc:
 #    `LD_PRELOAD=$PWD/.device-tools/libjemalloc.so.2 bash scripts/h200_run9.sh E 4` (or C).
-# Y: py-spy host profile (native frames) of the 4-bit dense step. A and Y need .device-tools in
+# Y: py-spy host profile (native frames) of the 4-bit dense step (YM="qwen3-30b-a3b 4 16": the
+#    MoE's first 16 layers; YT1/YT2 time limits, STEPS, RATE). A and Y need .device-tools in
 #    the carry (scripts/fetch_device_tools.sh).
 # V [SECONDS [FIRST]]: the CUDA tests in four parts from part FIRST (default 1): the chained
 #    launches, the whole small models, experts/routing, qmv/attention; each part's output in
@@ -113,12 +115,19 @@ elif [ "$1" = Y ]; then
   rm -rf /tmp/pyspy && mkdir -p /tmp/pyspy && (cd /tmp/pyspy && python3 -m zipfile -e $OLDPWD/.device-tools/py_spy-*.whl .)
   SPY=$(ls /tmp/pyspy/py_spy-*.data/scripts/py-spy); chmod +x $SPY
   export OVERHEAD_PREQUANTIZE=1 OVERHEAD_SKIP_CHAIN=1 OVERHEAD_NO_GENERATE=1 OVERHEAD_ARMS=omnia OVERHEAD_CKPT=/tmp/ck
-  timeout 120 python3 scripts/h200_overhead.py qwen3-4b 4 36 8 2>&1 | tail -1  # writes the checkpoint, compiles the kernels
-  timeout 200 $SPY record --native -r ${RATE:-40} -f raw -o /tmp/spy_q4.txt -- \
-    python3 scripts/h200_overhead.py qwen3-4b 4 36 ${STEPS:-1500} 2>&1 | tail -3
+  M=${YM:-qwen3-4b 4 36}
+  timeout ${YT1:-120} python3 scripts/h200_overhead.py $M 8 2>&1 | tail -1  # writes the checkpoint, compiles the kernels
+  timeout ${YT2:-200} $SPY record --native -r ${RATE:-40} -f raw -o /tmp/spy_q4.txt -- \
+    python3 scripts/h200_overhead.py $M ${STEPS:-1500} 2>&1 | tail -3
   [ -f /tmp/spy_q4.txt ] && gzip -c /tmp/spy_q4.txt > $OUT/spy_q4.txt.gz
   [ -f /tmp/spy_q4.txt ] && for mk in time_feed async_eval CompiledStep.__call__; do
     python3 scripts/spy_report.py /tmp/spy_q4.txt $mk 45; done | tee $OUT/spy_q4_report.txt
+elif [ "$1" = L ]; then
+  # prefill at a long prompt (4096 tokens, --runs 1), bf16 and 4-bit qwen3-4b
+  for q in "" "--quantize 4"; do
+    timeout 150 python3 -m mlx_omnia.bench.main interleaved --model qwen3-4b --prompt 4096 \
+      --generate 32 --runs ${RUNS:-1} $q 2>&1 | grep -v '^\[omnia-bench\]' | tail -4 | tee -a $OUT/long.txt
+  done
 elif [ "$1" = C ]; then
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
   timeout ${CT:-400} $B --runs ${RUNS:-3} ${EXTRA:-} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt

@@ -87,7 +87,7 @@ class Decoding:
     def feed(self, ids: Sequence[int], last_only: bool = False) -> mx.array:
         """Logits [len(ids), V] for `ids` following everything fed so far (lazy: evaluate them);
         with `last_only`, [1, V] for the last id alone: several ids are then prefilled as
-        generation prefills a prompt (chunks of PREFILL_CHUNK, each chunk's cache evaluated, the
+        generation prefills a prompt (chunks of `prefill_chunk()` rows, each chunk's cache evaluated, the
         head run on the last row only)."""
         batch = mx.array([list(ids)], dtype=mx.int32)
         if (
