@@ -1,8 +1,11 @@
-"""GPU time per kernel of one engine decode step (qwen3-4b shape, 2 layers) under ncu.
+"""GPU time per kernel of one engine decode step (a bench shape cut to a few layers) under ncu.
 
     ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
-        python3 scripts/h200_profile.py run bf16|q4 > ncu.csv
-    python3 scripts/h200_profile.py report ncu.csv"""
+        python3 scripts/h200_profile.py run bf16|q4 [SHAPE [LAYERS]] > ncu.csv
+    python3 scripts/h200_profile.py report ncu.csv [LAYERS]
+
+SHAPE defaults to qwen3-4b and LAYERS to 2; q4 is affine 4-bit g64, written quantized (a MoE
+shape's bf16 stacks need not be held)."""
 
 from __future__ import annotations
 
@@ -14,17 +17,18 @@ from pathlib import Path
 LAYERS = 2
 
 
-def run(fmt: str) -> None:
+def run(fmt: str, shape: str = "qwen3-4b", layers: int = LAYERS) -> None:
     import mlx.core as mx
 
     import mlx_omnia
     from mlx_omnia.bench import shapes
 
-    shapes.SHAPES["qwen3-4b-short"] = dict(shapes.SHAPES["qwen3-4b"], num_hidden_layers=LAYERS)
+    short = f"{shape}-short"
+    shapes.SHAPES[short] = dict(shapes.SHAPES[shape], num_hidden_layers=layers)
     with tempfile.TemporaryDirectory() as tmp:
-        path = shapes.build_checkpoint("qwen3-4b-short", Path(tmp) / "m", dtype="bfloat16")
-        q = None if fmt == "bf16" else {"bits": 4, "group_size": 64}
-        model = mlx_omnia.load(str(path), dtype="bfloat16", quantize=q)
+        written = None if fmt == "bf16" else (4, 64)
+        path = shapes.build_checkpoint(short, Path(tmp) / "m", dtype="bfloat16", quantize=written)
+        model = mlx_omnia.load(str(path), dtype="bfloat16")
         print(sorted(set(model.bindings().values())), file=sys.stderr)
         marker = mx.fast.cuda_kernel(name="probe_marker", input_names=["x"], output_names=["y"],
                                      source="y[0] = x[0];")
@@ -41,7 +45,7 @@ def run(fmt: str) -> None:
                        grid=(1, 1, 1), threadgroup=(1, 1, 1))[0])
 
 
-def report(path: str) -> None:
+def report(path: str, layers: int = LAYERS) -> None:
     rows = list(csv.reader(line for line in Path(path).read_text().splitlines() if line.startswith('"')))
     head = rows[0]
     ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
@@ -50,7 +54,7 @@ def report(path: str) -> None:
     marks = [i for i, (n, _) in enumerate(seq) if "probe_marker" in n]
     part = seq[marks[-2] + 1 : marks[-1]]
     total = sum(t for _, t in part)
-    print(f"== {Path(path).name}: one decode step, {LAYERS} layers + head: {len(part)} kernels, "
+    print(f"== {Path(path).name}: one decode step, {layers} layers + head: {len(part)} kernels, "
           f"{total:.1f} us")
     agg: dict[str, list[float]] = {}
     for n, t in part:
@@ -61,6 +65,6 @@ def report(path: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "run":
-        run(sys.argv[2])
+        run(sys.argv[2], *sys.argv[3:4], *(int(a) for a in sys.argv[4:5]))
     else:
-        report(sys.argv[2])
+        report(sys.argv[2], *(int(a) for a in sys.argv[3:4]))

@@ -6,6 +6,7 @@
 # B: per-kernel profile of a decode step (bf16, 4-bit), benches bf16 and 4-bit against mlx-lm.
 # H: host time under MLX's CUDA graph knobs (MLX_USE_CUDA_GRAPHS=0, one graph a token).
 # P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
+# K: GPU time per kernel (ncu) of one decode step: MoE 4-bit, dense 4-bit and bf16, 2 layers.
 # L: prefill at a 4096-token prompt, bf16 and 4-bit qwen3-4b.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
 # E and C take EXTRA (more omnia-bench arguments, e.g. EXTRA=--unchained for the arm without
@@ -122,6 +123,15 @@ elif [ "$1" = Y ]; then
   [ -f /tmp/spy_q4.txt ] && gzip -c /tmp/spy_q4.txt > $OUT/spy_q4.txt.gz
   [ -f /tmp/spy_q4.txt ] && for mk in time_feed async_eval CompiledStep.__call__; do
     python3 scripts/spy_report.py /tmp/spy_q4.txt $mk 45; done | tee $OUT/spy_q4_report.txt
+elif [ "$1" = K ]; then
+  # GPU time per kernel of one decode step (ncu, kernels serialized): the MoE's and the dense
+  # 4-bit / bf16 step, 2 layers each, with the chained launches
+  for m in "q4 qwen3-30b-a3b 2" "q4 qwen3-4b 2" "bf16 qwen3-4b 2"; do
+    tag=$(echo $m | tr ' ' _)
+    timeout ${KT:-150} $NCU --clock-control none --metrics gpu__time_duration.sum --csv \
+      python3 scripts/h200_profile.py run $m > $OUT/ncu_$tag.csv 2>$OUT/ncu_$tag.err
+    python3 scripts/h200_profile.py report $OUT/ncu_$tag.csv 2 2>&1 | tee $OUT/ncu_$tag.txt
+  done
 elif [ "$1" = L ]; then
   # prefill at a long prompt (4096 tokens, --runs 1), bf16 and 4-bit qwen3-4b
   for q in "" "--quantize 4"; do
