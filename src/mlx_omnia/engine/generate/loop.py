@@ -68,6 +68,7 @@ class CompiledStep:
     def __init__(self, network: Network, caches: list[KVCache]) -> None:
         self.caches = [StaticKVCache.from_cache(c) for c in caches]
         self.length = 0
+        self._fits = self._capacity()
         self._network = network
         state = [c.state for c in self.caches]
         # Families take the cache through `offset` / `update_and_fetch` / `attention_mask` only,
@@ -89,6 +90,7 @@ class CompiledStep:
         else:
             for static, cache in zip(step.caches, caches, strict=True):
                 static.load(cache)
+            step._fits = step._capacity()
         step.length = length
         return step
 
@@ -97,24 +99,33 @@ class CompiledStep:
         cache buffers are let go now, `acquire` loads the next one's."""
         for cache in self.caches:
             cache.drop()
+        self._fits = 0
         setattr(self._network, self._IDLE, self)
+
+    def _capacity(self) -> int:
+        """Rows every cache holds (the host checks this int per step, not each cache)."""
+        return min((c.capacity for c in self.caches), default=0)
+
+    def _reserve(self) -> None:
+        if self.length > self._fits:
+            for cache in self.caches:
+                cache.reserve(self.length)
+            self._fits = self._capacity()
 
     def __call__(self, token: mx.array) -> mx.array:
         self.length += 1
-        for cache in self.caches:
-            cache.reserve(self.length)
+        self._reserve()
         return self._step(token)
 
     def feed_many(self, ids: mx.array, last_only: bool = False) -> mx.array:
         """Several tokens at once through the static caches (eager, not compiled): [L, V], or
         [1, V] with `last_only`."""
         self.length += ids.shape[1]
-        for cache in self.caches:
-            cache.reserve(self.length)
+        self._reserve()
         return self._network(ids, cast(list[KVCache], self.caches), last_only)[0]
 
     def state(self) -> list[mx.array]:
-        return [a for c in self.caches for a in c.arrays()]
+        return [a for c in self.caches for a in c.state.values()]
 
 
 def compile_enabled(network: Network) -> bool:
