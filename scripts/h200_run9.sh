@@ -6,7 +6,8 @@
 # B: per-kernel profile of a decode step (bf16, 4-bit), benches bf16 and 4-bit against mlx-lm.
 # H: host time under MLX's CUDA graph knobs (MLX_USE_CUDA_GRAPHS=0, one graph a token).
 # P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
-# K: GPU time per kernel (ncu) of one decode step: MoE 4-bit, dense 4-bit and bf16, 2 layers.
+# K: GPU time per kernel (ncu) of one decode step: MoE 4-bit (chained and not), dense 4-bit and
+#    bf16, 2 layers each.
 # L: prefill at a 4096-token prompt, bf16 and 4-bit qwen3-4b.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
 # E and C take EXTRA (more omnia-bench arguments, e.g. EXTRA=--unchained for the arm without
@@ -21,6 +22,18 @@
 #    launches, the whole small models, experts/routing, qmv/attention; each part's output in
 #    $OUT/cuda_part<N>.txt; within SECONDS (default 540) overall.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
+# MLX keeps each JIT-compiled kernel (cubin) under MLX_PTX_CACHE_DIR, named by a hash of its
+# source. Here it is .mlx-ptx in the checkout: carry it (`carry: [..., ".mlx-ptx"]`) and NVRTC
+# compiles only what changed. PACK_PTX=1 sends it back as $OUT/mlx-ptx.tar.xz (the sources left
+# out); unpack it here with `mkdir -p .mlx-ptx && tar xJf FILE -C .mlx-ptx`.
+export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-$PWD/.mlx-ptx}
+mkdir -p "$MLX_PTX_CACHE_DIR"
+pack_ptx() {
+  [ "${PACK_PTX:-0}" = 1 ] || return 0
+  (cd "$MLX_PTX_CACHE_DIR" && find . -name '*.cu' -delete && tar cf - . | xz -T0 -6 > $OUT/mlx-ptx.tar.xz)
+  echo "ptx cache: $(ls "$MLX_PTX_CACHE_DIR" | wc -l) files, $(du -sh $OUT/mlx-ptx.tar.xz | cut -f1) packed"
+}
+trap pack_ptx EXIT
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 if [ "$1" = V ]; then
@@ -126,11 +139,14 @@ elif [ "$1" = Y ]; then
 elif [ "$1" = K ]; then
   # GPU time per kernel of one decode step (ncu, kernels serialized): the MoE's and the dense
   # 4-bit / bf16 step, 2 layers each, with the chained launches
-  for m in "q4 qwen3-30b-a3b 2" "q4 qwen3-4b 2" "bf16 qwen3-4b 2"; do
-    tag=$(echo $m | tr ' ' _)
-    timeout ${KT:-150} $NCU --clock-control none --metrics gpu__time_duration.sum --csv \
-      python3 scripts/h200_profile.py run $m > $OUT/ncu_$tag.csv 2>$OUT/ncu_$tag.err
-    python3 scripts/h200_profile.py report $OUT/ncu_$tag.csv 2 2>&1 | tee $OUT/ncu_$tag.txt
+  for m in "q4 qwen3-30b-a3b 2" "q4 qwen3-30b-a3b 2 unchained" "q4 qwen3-4b 2" "bf16 qwen3-4b 2"; do
+    tag=$(echo $m | tr ' ' _); set -- $m
+    chained=1; [ "$4" = unchained ] && chained=0
+    OMNIA_CHAINED_KERNELS=$chained timeout ${KT:-150} $NCU --clock-control none \
+      --metrics gpu__time_duration.sum --csv python3 scripts/h200_profile.py run $1 $2 $3 \
+      > /tmp/ncu_$tag.csv 2>/tmp/ncu_$tag.err
+    { python3 scripts/h200_profile.py report /tmp/ncu_$tag.csv 2; tail -3 /tmp/ncu_$tag.err; } 2>&1 \
+      | tee $OUT/ncu_$tag.txt
   done
 elif [ "$1" = L ]; then
   # prefill at a long prompt (4096 tokens, --runs 1), bf16 and 4-bit qwen3-4b
