@@ -18,7 +18,7 @@
 # Y: py-spy host profile (native frames) of the 4-bit dense step (YM="qwen3-30b-a3b 4 16": the
 #    MoE's first 16 layers; YT1/YT2 time limits, STEPS, RATE). A and Y need .device-tools in
 #    the carry (scripts/fetch_device_tools.sh).
-# V [SECONDS [FIRST]]: the CUDA tests in four parts from part FIRST (default 1): the chained
+# V [SECONDS [FIRST]]: the CUDA tests (JOBS xdist workers) in four parts from part FIRST (default 1): the chained
 #    launches, the whole small models, experts/routing, qmv/attention; each part's output in
 #    $OUT/cuda_part<N>.txt; within SECONDS (default 540) overall.
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
@@ -36,6 +36,23 @@ pack_ptx() {
 trap pack_ptx EXIT
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+# The CUDA tests, in JOBS pytest-xdist workers (default 12: NVRTC compiles on the CPU, one kernel
+# a second or so, and the GPU work of these tests is small); each worker's kernel cache starts
+# as a copy of $MLX_PTX_CACHE_DIR and is merged back into it after (tests/conftest.py).
+cuda_tests() {  # SECONDS OUTFILE PYTEST-ARGS...
+  local limit=$1 out=$2; shift 2
+  local base=$MLX_PTX_CACHE_DIR jobs=${JOBS:-12}
+  for w in $(seq 0 $((jobs - 1))); do
+    mkdir -p $base/gw$w && find $base -maxdepth 1 -type f -print0 | xargs -0 -r cp -n -t $base/gw$w/
+  done
+  OMNIA_TEST_PTX_CACHE=$base timeout $limit python3 -m pytest -q -m cuda -p no:cacheprovider -n $jobs -rf \
+    tests/test_kernels_cuda.py "$@" > $out 2>&1
+  local rc=$?
+  for w in $(seq 0 $((jobs - 1))); do
+    find $base/gw$w -maxdepth 1 -type f -print0 | xargs -0 -r cp -n -t $base/; rm -rf $base/gw$w
+  done
+  return $rc
+}
 if [ "$1" = V ]; then
   end=$(( $(date +%s) + ${2:-540} )); n=0
   parts=("chain or project_route" "model_greedy" "(experts or routed or route_matches or bind_only) and not chain and not project_route"
@@ -43,13 +60,11 @@ if [ "$1" = V ]; then
   for part in "${parts[@]}"; do
     n=$((n + 1)); [ $n -lt ${3:-1} ] && continue
     left=$(( end - $(date +%s) )); [ $left -lt 30 ] && break
-    timeout $left python3 -m pytest -q -m cuda -p no:cacheprovider -rf tests/test_kernels_cuda.py \
-      -k "$part" > $OUT/cuda_part$n.txt 2>&1
+    cuda_tests $((left - 10)) $OUT/cuda_part$n.txt -k "$part"
     echo "== part $n: $part"; grep -E "passed|failed|skipped|FAILED|Error" $OUT/cuda_part$n.txt | tail -6
   done
 elif [ "$1" = T ]; then
-  timeout "${3:-400}" python3 -m pytest -q -m cuda -p no:cacheprovider -rf --durations=8 \
-    tests/test_kernels_cuda.py -k "$2" > $OUT/cuda_tests.txt 2>&1
+  cuda_tests "${3:-400}" $OUT/cuda_tests.txt --durations=8 -k "$2"
   tail -30 $OUT/cuda_tests.txt
 elif [ "$1" = D ]; then
   export OVERHEAD_CKPT=/tmp/ovck

@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Under pytest-xdist (the H200's CUDA tests: scripts/h200_run9.sh), each worker keeps its own MLX
+# kernel cache, OMNIA_TEST_PTX_CACHE/<worker>: MLX writes a cached kernel in place, so two
+# processes sharing one directory could load a file the other is still writing. Set before any
+# kernel is compiled (MLX reads it at its first compile).
+if os.environ.get("OMNIA_TEST_PTX_CACHE") and os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["MLX_PTX_CACHE_DIR"] = os.path.join(
+        os.environ["OMNIA_TEST_PTX_CACHE"], os.environ["PYTEST_XDIST_WORKER"]
+    )
 
 # The engine first: it loads the system OpenBLAS before anything imports mlx.core
 # (engine/blas.py), as a user's `import mlx_omnia` does; a test module importing mlx.core
