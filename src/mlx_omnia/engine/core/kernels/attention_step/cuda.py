@@ -74,21 +74,50 @@ __device__ __forceinline__ void attention_step(
       if (t != pos) kr[u] = reinterpret_cast<const uint4*>(kc + (size_t)t * D)[c];
     }
   }
+  // The head work's inputs too, before any of it: this warp's heads (j = warp + h * NW, the G
+  // query heads then the new key), their norm weights and the rope frequencies, so the loads
+  // of the head work overlap the slice's instead of following each other.
+  constexpr int E = D / 32;              // dimensions per lane of one head
+  constexpr int HPW = (G + NW) / NW;     // heads per warp, rounded up (G + 1 heads)
+  float hv[HPW][E], hw[HPW][E], fr[E];
+#pragma unroll
+  for (int h = 0; h < HPW; ++h) {
+    const int j = warp + h * NW;
+    if (j <= G) {
+      const bool is_k = j == G;
+      const T* src = is_k ? k_new + kvh * D : q + (kvh * G + j) * D;
+      const T* wt = is_k ? kw : qw;
+      const bool nrm = is_k ? KN : QN;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        hv[h][e] = to_f<T>(src[lane + 32 * e]);
+        hw[h][e] = nrm ? to_f<T>(wt[lane + 32 * e]) : 0.f;
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int d = lane + 32 * e;
+    fr[e] = inv_freq[TRAD ? d / 2 : d % (D / 2)];
+  }
   // Norm (optional) then rope of each query head of the group and of the new key: warp per head.
-  for (int j = warp; j <= G; j += NW) {
+#pragma unroll
+  for (int h = 0; h < HPW; ++h) {
+    const int j = warp + h * NW;
+    if (j > G) continue;  // uniform over the warp
     const bool is_k = j == G;
-    const T* src = is_k ? k_new + kvh * D : q + (kvh * G + j) * D;
     float ss = 0.f;
-    for (int d = lane; d < D; d += 32) {
-      const float v = to_f<T>(src[d]);
-      hs[j][d] = v;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float v = hv[h][e];
+      hs[j][lane + 32 * e] = v;
       ss = fmaf(v, v, ss);
     }
     if (is_k ? KN : QN) {
       ss = warp_sum(ss);
       const float inv = rsqrtf(ss / D + (is_k ? eps_k : eps_q));
-      const T* wt = is_k ? kw : qw;
-      for (int d = lane; d < D; d += 32) hs[j][d] = rnd<T>(to_f<T>(wt[d]) * rnd<T>(hs[j][d] * inv));
+#pragma unroll
+      for (int e = 0; e < E; ++e) hs[j][lane + 32 * e] = rnd<T>(hw[h][e] * rnd<T>(hv[h][e] * inv));
     }
     __syncwarp();
     const float fpos = (float)pos;
@@ -96,9 +125,8 @@ __device__ __forceinline__ void attention_step(
 #pragma unroll
     for (int e = 0; e < D / 32; ++e) {
       const int d = lane + 32 * e;
-      const int i = TRAD ? d / 2 : d % (D / 2);
       float sn, cs;
-      sincosf(fpos * inv_freq[i], &sn, &cs);
+      sincosf(fpos * fr[e], &sn, &cs);
       if constexpr (TRAD) {
         const float x1 = hs[j][d & ~1], x2 = hs[j][d | 1];
         rot[e] = (d & 1) ? x1 * sn + x2 * cs : x1 * cs - x2 * sn;
