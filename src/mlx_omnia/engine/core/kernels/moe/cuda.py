@@ -38,6 +38,7 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import (
     QmvSpec,
     blocks_of,
     chain_source,
+    chain_wait,
     spec_fits,
 )
 
@@ -185,12 +186,15 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
 
 // y[r] = rnd(sum_j rnd(rnd(h_j . D[ids[j]][r]) * w_j)) (+ residual, rounded): one warp a row,
 // LPE lanes per selected expert. `block`: this block's index among the launch's down blocks;
-// CG: h was written by other blocks of this launch (stage_rows reads it through L2).
+// CG: h was written by other blocks of this launch (stage_rows reads it through L2), and
+// `wait`, `wait_for` say when it is there (wait_published, after the first weights are
+// requested).
 template <typename T, int BITS, int GROUP, int K, int OUT, int TOPK, int LPE, int NWARPS,
           bool RESID, bool CG = false>
 __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids, const T* wts,
                                             const void* w, const T* s, const T* b, const T* res,
-                                            T* y, int block) {
+                                            T* y, int block, const int* wait = nullptr,
+                                            int wait_for = 0) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
@@ -203,6 +207,7 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   const bool mine = j < TOPK && r < OUT;
   const int row = mine ? (int)ids[j] * OUT + r : 0;
   typename Row::Load first = Row::load(w, s, b, row, min(sl, CHUNKS - 1));
+  wait_published(wait, wait_for);
   stage_rows<T, BITS, K, TOPK, false, NWARPS, CG>(h, xq, xsum, xs, tid, NT);
   __syncthreads();
   float acc = 0.f;
@@ -429,10 +434,11 @@ def experts_blocks(spec: ExpertsSpec) -> int:
 
 
 def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool = False,
-                 names: Mapping[str, str] | None = None) -> str:
+                 names: Mapping[str, str] | None = None, wait: str | None = None) -> str:
     """The expert_gate_up / expert_down call. `block`: this block's index among the kernel's
-    blocks; `coherent` (down only): h is written by other blocks of the same launch; `names`:
-    the launch's variable for an input or output (experts_input_names, out) where it differs."""
+    blocks; `coherent` (down only): h is written by other blocks of the same launch, and
+    `wait` ("count, n": chain_wait) says when it is there; `names`: the launch's variable for
+    an input or output (experts_input_names, out) where it differs."""
     t = CUDA_TYPES[spec.dtype]
     bits, group = spec.bits or 0, spec.group_size or 1
     rename = dict(names or {})
@@ -442,7 +448,7 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
 
     margs = f"{n('w')}, {n('s')}, {n('b')}" if spec.bits is not None else f"{n('w')}, nullptr, nullptr"
     if spec.gate_up:
-        assert not coherent, "gate/up reads x from an earlier launch"
+        assert not coherent and wait is None, "gate/up reads x from an earlier launch"
         norm = spec.norm_eps is not None
         eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
         return (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
@@ -451,7 +457,7 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
     return (f"omnia::expert_down<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
             f"{spec.lanes}, {WARPS}, {flag(spec.residual)}, {flag(coherent)}>({n('h')}, "
             f"{n('ids')}, {n('wts')}, {margs}, {n('res') if spec.residual else 'nullptr'}, "
-            f"{n('out')}, {block});\n")
+            f"{n('out')}, {block}{', ' + wait if wait else ''});\n")
 
 
 @cache
@@ -507,7 +513,7 @@ def chain_launcher(
         nb1,
         experts_call(up, block="t", names={"w": "w1", "s": "s1", "b": "b1", "out": "mid"}),
         experts_call(down, block=f"t - {nb1}", coherent=True,
-                     names={"h": "mid", "w": "w2", "s": "s2", "b": "b2"}),
+                     names={"h": "mid", "w": "w2", "s": "s2", "b": "b2"}, wait=chain_wait(nb1)),
         nb2,
     )
     prefix = len("omnia_experts_")
@@ -574,7 +580,8 @@ def project_route_launcher(
         project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
                                          "y0": "h"}),
         chained.source(block="0", coherent=True,
-                       names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"})
+                       names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"},
+                       wait=chain_wait(nb1))
         + "__threadfence_block();\n__syncthreads();\n"
         f"if (threadIdx.x < 32) omnia::route<{t}, {route.n_experts}, {route.top_k}, "
         f"{int(route.topk_first)}, {flag(route.normalize)}>(logits, weights, ids);\n",

@@ -162,6 +162,19 @@ struct QmvRow {
   }
 };
 
+// The second phase of a chained launch (chain_source): the block waits until `count` reaches
+// n, the first phase's blocks having published, then reads what they wrote. Called after the
+// block's first weight loads are issued, so their latency overlaps the wait. Nothing when count
+// is null (a launch of its own).
+__device__ __forceinline__ void wait_published(const int* count, int n) {
+  if (count == nullptr) return;
+  if (threadIdx.x == 0) {
+    while (atomicAdd(const_cast<int*>(count), 0) < n) __nanosleep(100);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 // 1 / rms of one row of K values, for every thread of the block (NWARPS warps): the sum of
 // squares in float as mx.fast.rms_norm takes it, each warp's part, then the warps' in order.
 template <typename T, int K, int NWARPS, bool CG = false>
@@ -287,14 +300,15 @@ template <typename T> __device__ __forceinline__ float gelu_tanh_r(float g) {
 // ACT: 0 rows of up to three segments concatenated; 1 silu-gated, 2 gelu_tanh-gated (segment 0
 // the gate, segment 1 the up projection, N0 == N1 rows out).
 // `block`: this block's index among the launch's qmv blocks (blockIdx.x, or a chained launch's
-// ticket); CG: x was written by other blocks of this launch (staged through L2).
+// ticket); CG: x was written by other blocks of this launch (staged through L2), and `wait`,
+// `wait_for` say when it is there (wait_published, after the first weights are requested).
 template <typename T, int BITS, int GROUP, int K, int N0, int N1, int N2, int R, int LPR,
           int NWARPS, int UNROLL, int PREF, int LOOP, bool NORM, int ACT, bool RESID,
           bool CG = false>
 __device__ __forceinline__ void qmv(
     const T* x, const void* w0, const T* s0, const T* b0, const void* w1, const T* s1,
     const T* b1, const void* w2, const T* s2, const T* b2, const T* g, const T* res, T* y0, T* y1, T* y2,
-    float eps, int block) {
+    float eps, int block, const int* wait = nullptr, int wait_for = 0) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int ROWS = ACT == 0 ? N0 + N1 + N2 : N0;
@@ -352,6 +366,7 @@ __device__ __forceinline__ void qmv(
   };
   select(0);
   prefetch();
+  wait_published(wait, wait_for);
 
   // Quantized weights take the input staged as floats (XF), dense ones (and inputs too wide for
   // that) as T: stage_rows<T, 0, ...> copies it as T.
@@ -560,11 +575,12 @@ class QmvSpec:
         return "_".join(parts)
 
     def source(self, *, block: str = "blockIdx.x", coherent: bool = False,
-               names: Mapping[str, str] | None = None) -> str:
+               names: Mapping[str, str] | None = None, wait: str | None = None) -> str:
         """The qmv call. `block`: the expression of this block's index among the qmv blocks;
         `coherent`: x is written by other blocks of the same launch (read through L2);
         `names`: the launch's variable for each of the call's inputs and outputs (x, w0, ...,
-        y0, ...) where it differs (a chained launch holds two calls)."""
+        y0, ...) where it differs (a chained launch holds two calls); `wait`: "count, n" for
+        a chained launch's second phase (chain_wait)."""
         t = CUDA_TYPES[self.dtype]
         inputs = set(self.input_names())
         n = list(self.rows) + [0] * (3 - len(self.rows))
@@ -587,7 +603,7 @@ class QmvSpec:
             f"    {arg('x')}, {arg('w0')}, {arg('s0')}, {arg('b0')}, {arg('w1')}, {arg('s1')}, "
             f"{arg('b1')}, {arg('w2')}, {arg('s2')}, {arg('b2')}, {arg('g')}, {arg('res')}, "
             f"{', '.join(outs)}, "
-            f"{eps}, {block});\n"
+            f"{eps}, {block}{', ' + wait if wait else ''});\n"
         )
 
 
@@ -648,13 +664,21 @@ def blocks_of(spec: QmvSpec) -> int:
     return -(-spec.out_rows // rows_per_block)
 
 
+def chain_wait(nb1: int) -> str:
+    """The `wait` argument of a chained launch's second call: wait until the first phase's nb1
+    blocks have published (chain_source's counters[1])."""
+    return f"count + 1, {nb1}"
+
+
 def chain_source(nb1: int, first: str, second: str, nb2: int) -> str:
     """The body of a chained launch (docs/kernels.md): every block takes a ticket t from
     counters[0] as it starts; t < nb1 runs `first` and publishes (each thread's writes fenced,
-    then one count in counters[1]); the others wait until nb1 have published, then run
-    `second` (its block index is t - nb1). The last of the nb2 second blocks to finish
+    then one count in counters[1]); the others run `second` (its block index is t - nb1), whose
+    device call waits (`wait_published(count + 1, nb1)`: chain_wait) after requesting its first
+    weights and before reading what `first` wrote. The last of the nb2 second blocks to finish
     (counters[2]) zeroes the counters. A block only waits on blocks holding lower tickets, which
     are running: no co-residency is assumed."""
+    assert chain_wait(nb1) in second, "the second phase must wait for the first"
     return (
         "__shared__ int ticket;\n"
         "int* count = const_cast<int*>(counters);\n"
@@ -666,11 +690,7 @@ def chain_source(nb1: int, first: str, second: str, nb2: int) -> str:
         "  if (threadIdx.x == 0) atomicAdd(count + 1, 1);\n"
         "  return;\n"
         "}\n"
-        "if (threadIdx.x == 0) {\n"
-        f"  while (atomicAdd(count + 1, 0) < {nb1}) __nanosleep(100);\n"
-        "  __threadfence();\n"
-        "}\n"
-        f"__syncthreads();\n{second}"
+        f"{second}"
         f"if (threadIdx.x == 0 && atomicAdd(count + 2, 1) == {nb2 - 1}) {{\n"
         "  count[0] = 0;\n  count[1] = 0;\n  count[2] = 0;\n}\n"
     )
@@ -710,7 +730,7 @@ def chained_launcher(
         project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
                                          "y0": "h"}),
         then.source(block=f"t - {nb1}", coherent=True,
-                    names={"x": "h", **{o: f"t{o}" for o in then.outputs}}),
+                    names={"x": "h", **{o: f"t{o}" for o in then.outputs}}, wait=chain_wait(nb1)),
         nb2,
     )
     kernel = cuda_kernel(f"omnia_chained__{project.name()}__{then.name()}", names,
