@@ -8,6 +8,7 @@
 # P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
 # K: GPU time per kernel (ncu) of one decode step: MoE 4-bit (chained and not), dense 4-bit and
 #    bf16, 2 layers each.
+# R ["BENCH ARGS"]: this tree against .bench-ref (omnia-bench paired; default qwen3-4b 4-bit).
 # L: prefill at a 4096-token prompt, bf16 and 4-bit qwen3-4b.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
 # E and C take EXTRA (more omnia-bench arguments, e.g. EXTRA=--unchained for the arm without
@@ -163,6 +164,11 @@ elif [ "$1" = K ]; then
     { python3 scripts/h200_profile.py report /tmp/ncu_$tag.csv 2; tail -3 /tmp/ncu_$tag.err; } 2>&1 \
       | tee $OUT/ncu_$tag.txt
   done
+elif [ "$1" = R ]; then
+  # this tree against the one in .bench-ref (`mkdir -p .bench-ref && git archive REV src | tar -x
+  # -C .bench-ref` here, then carry it): omnia-bench paired, each arm in its own process
+  timeout ${RT:-420} python3 -m mlx_omnia.bench.main paired --ref .bench-ref ${2:---model qwen3-4b --quantize 4} \
+    --runs ${RUNS:-4} --json $OUT/paired.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/paired.txt
 elif [ "$1" = L ]; then
   # prefill at a long prompt (4096 tokens, --runs 1), bf16 and 4-bit qwen3-4b
   for q in "" "--quantize 4"; do
