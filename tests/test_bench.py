@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mlx_omnia.bench import main as bench
@@ -211,3 +212,18 @@ def test_margin_check_counts_the_steps_the_argmaxes_disagree_on() -> None:
     theirs = [{1: 2.0, 2: 1.0}, {4: 1.0, 3: 1.0}]
     check = bench.margin_check(ours, theirs, ([1, 3], [1, 3]))
     assert (check["disagree_within_noise"], check["disagree_beyond_noise"]) == (0, 0)
+
+
+def test_per_run_ratios_pair_each_run_with_the_baselines_same_run() -> None:
+    """The spread line: arm / baseline decode rate within each run (not medians over runs)."""
+
+    def run(pipelined_s: float) -> measure.RunResult:
+        return measure.RunResult(prefill_s=1.0, decode_step_s=[pipelined_s],
+                                 prefill_last_logits=np.zeros(2, np.float32), decode_argmax=[0],
+                                 decode_pipelined_s=pipelined_s)
+
+    results = {"omnia": [run(0.002), run(0.004)], "mlx-lm": [run(0.006), run(0.006)]}
+    ratios = bench.per_run_decode_ratios(results, "mlx-lm")
+    assert ratios.keys() == {"omnia"}
+    assert ratios["omnia"] == pytest.approx([3.0, 1.5])
+    assert bench.per_run_decode_ratios(results, "absent") == {}

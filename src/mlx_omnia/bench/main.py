@@ -193,6 +193,21 @@ def table(rows: Sequence[Row], against: str) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
 
+def per_run_decode_ratios(
+    results: dict[str, list[measure.RunResult]], baseline: str
+) -> dict[str, list[float]]:
+    """Each arm's pipelined decode rate over the baseline's, run by run (the arms of one run ran
+    one after another): how far the medians' ratio moves between runs."""
+    base = results.get(baseline)
+    if not base:
+        return {}
+    return {
+        name: [b.decode_pipelined_s / x.decode_pipelined_s for x, b in zip(runs, base, strict=True)]
+        for name, runs in results.items()
+        if name != baseline
+    }
+
+
 def _ratios(rows: list[Row], baseline: str) -> None:
     base = next((r for r in rows if r.arm == baseline), None)
     if base is None:
@@ -334,6 +349,12 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         out(DECODE_NOTE)
         out("")
         out(table(rows, baseline))
+        spread = per_run_decode_ratios(results, baseline)
+        if args.runs > 1 and spread:
+            out(f"decode vs {baseline}, run by run: " + "; ".join(
+                f"{name} " + " ".join(f"{v:.2f}x" for v in values)
+                for name, values in spread.items()
+            ))
 
         report: dict[str, Any] = {
             "command": "interleaved",
@@ -352,6 +373,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             "copy_bandwidth_bytes_per_s": bandwidth,
             "run_orders": orders,
             "baseline": baseline,
+            "decode_ratio_per_run": spread,
             "checks": checks,
             "arms": {
                 arm.name: {
