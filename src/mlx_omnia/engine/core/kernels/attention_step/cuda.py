@@ -91,7 +91,8 @@ __device__ __forceinline__ void attention_step(
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         hv[h][e] = to_f<T>(src[lane + 32 * e]);
-        hw[h][e] = nrm ? to_f<T>(wt[lane + 32 * e]) : 0.f;
+        hw[h][e] = 0.f;
+        if (nrm) hw[h][e] = to_f<T>(wt[lane + 32 * e]);  // qw / kw are null without their norm
       }
     }
   }
