@@ -2,7 +2,7 @@
 
     ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
         python3 scripts/h200_profile.py run bf16|q4 [SHAPE [LAYERS]] > ncu.csv
-    python3 scripts/h200_profile.py report ncu.csv [LAYERS]
+    python3 scripts/h200_profile.py report ncu.csv [LAYERS [FULL_LAYERS]]
 
 SHAPE defaults to qwen3-4b and LAYERS to 2; q4 is affine 4-bit g64, written quantized (a MoE
 shape's bf16 stacks need not be held)."""
@@ -45,7 +45,10 @@ def run(fmt: str, shape: str = "qwen3-4b", layers: int = LAYERS) -> None:
                        grid=(1, 1, 1), threadgroup=(1, 1, 1))[0])
 
 
-def report(path: str, layers: int = LAYERS) -> None:
+def report(path: str, layers: int = LAYERS, full: int | None = None) -> None:
+    """Kernel times of the step between the last two markers, summed by kernel name; with
+    `full` (the model's real layer count), the step's kernel time extrapolated to it: kernels
+    that ran a multiple of `layers` times are per-layer work, the rest run once a token."""
     rows = list(csv.reader(line for line in Path(path).read_text().splitlines() if line.startswith('"')))
     head = rows[0]
     ki, vi, ui = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
@@ -58,13 +61,20 @@ def report(path: str, layers: int = LAYERS) -> None:
           f"{total:.1f} us")
     agg: dict[str, list[float]] = {}
     for n, t in part:
-        agg.setdefault(n.split("(")[0][:100], []).append(t)
+        agg.setdefault(n.split("(")[0][:160], []).append(t)
     for n, ts in sorted(agg.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {sum(ts):8.1f} us {len(ts):3d}x  {n}")
+    if full:
+        per_layer = sum(sum(ts) for ts in agg.values() if len(ts) % layers == 0) / layers
+        once = sum(sum(ts) for ts in agg.values() if len(ts) % layers != 0)
+        launches = sum(len(ts) for ts in agg.values() if len(ts) % layers == 0) / layers
+        print(f"  per layer {per_layer:.1f} us ({launches:g} launches); at {full} layers: "
+              f"{per_layer * full + once:.1f} us a token of kernel time "
+              f"({launches * full + sum(1 for ts in agg.values() if len(ts) % layers):g} launches)")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "run":
         run(sys.argv[2], *sys.argv[3:4], *(int(a) for a in sys.argv[4:5]))
     else:
-        report(sys.argv[2], *(int(a) for a in sys.argv[3:4]))
+        report(sys.argv[2], *(int(a) for a in sys.argv[3:5]))

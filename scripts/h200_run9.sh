@@ -161,7 +161,8 @@ elif [ "$1" = K ]; then
     OMNIA_CHAINED_KERNELS=$chained timeout ${KT:-150} $NCU --clock-control none \
       --metrics gpu__time_duration.sum --csv python3 scripts/h200_profile.py run $1 $2 $3 \
       > /tmp/ncu_$tag.csv 2>/tmp/ncu_$tag.err
-    { python3 scripts/h200_profile.py report /tmp/ncu_$tag.csv 2; tail -3 /tmp/ncu_$tag.err; } 2>&1 \
+    full=36; [ "$2" = qwen3-30b-a3b ] && full=48
+    { python3 scripts/h200_profile.py report /tmp/ncu_$tag.csv 2 $full; tail -3 /tmp/ncu_$tag.err; } 2>&1 \
       | tee $OUT/ncu_$tag.txt
   done
 elif [ "$1" = R ]; then
