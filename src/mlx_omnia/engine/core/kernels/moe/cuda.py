@@ -206,7 +206,13 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   const int j = lane / LPE, sl = lane % LPE;
   const bool mine = j < TOPK && r < OUT;
   const int row = mine ? (int)ids[j] * OUT + r : 0;
-  typename Row::Load first = Row::load(w, s, b, row, min(sl, CHUNKS - 1));
+  // The lane's first PF chunks (up to 4) are requested before the block waits (in a chained
+  // launch, for the gate/up blocks) and stages its k inputs.
+  constexpr int PER_LANE = (CHUNKS + LPE - 1) / LPE;
+  constexpr int PF = PER_LANE < 4 ? PER_LANE : 4;
+  typename Row::Load pre[PF];
+#pragma unroll
+  for (int f = 0; f < PF; ++f) pre[f] = Row::load(w, s, b, row, min(sl + f * LPE, CHUNKS - 1));
   wait_published(wait, wait_for);
   stage_rows<T, BITS, K, TOPK, false, NWARPS, CG>(h, xq, xsum, xs, tid, NT);
   __syncthreads();
@@ -224,9 +230,12 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
         return d[0];
       }
     };
-    if (sl < CHUNKS) acc = one_dot(sl, first);
+#pragma unroll
+    for (int f = 0; f < PF; ++f) {
+      if (sl + f * LPE < CHUNKS) acc += one_dot(sl + f * LPE, pre[f]);
+    }
 #pragma unroll 2
-    for (int c = sl + LPE; c < CHUNKS; c += LPE) {
+    for (int c = sl + PF * LPE; c < CHUNKS; c += LPE) {
       const typename Row::Load l = Row::load(w, s, b, row, c);
       acc += one_dot(c, l);
     }
