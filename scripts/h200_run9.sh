@@ -56,8 +56,8 @@ cuda_tests() {  # SECONDS OUTFILE PYTEST-ARGS...
 }
 if [ "$1" = V ]; then
   end=$(( $(date +%s) + ${2:-540} )); n=0
-  parts=("chain or project_route" "model_greedy" "(experts or routed or route_matches or bind_only) and not chain and not project_route"
-         "(qmv or linear or projections or attention) and not chain and not project_route")
+  parts=("chain or project_route or project_attend" "model_greedy" "(experts or routed or route_matches or bind_only) and not chain and not project_route"
+         "(qmv or linear or projections or attention) and not chain and not project_route and not project_attend")
   for part in "${parts[@]}"; do
     n=$((n + 1)); [ $n -lt ${3:-1} ] && continue
     left=$(( end - $(date +%s) )); [ $left -lt 30 ] && break

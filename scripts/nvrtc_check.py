@@ -153,6 +153,7 @@ def build_all() -> None:
                 attention_launcher(spec, (1, 1))(inputs)
     build_moe()
     build_project_route()
+    build_project_attend()
 
 
 def build_moe() -> None:
@@ -220,6 +221,15 @@ def build_moe() -> None:
                 chain(up, ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False), mats)
 
 
+def mats(n: int, k: int, bits: int | None, group: int | None, dtype: mx.Dtype) -> list[mx.array]:
+    """Zero weights of an n x k matrix, dense or affine-quantized (weight, scales, biases)."""
+    if bits is None:
+        return [mx.zeros((n, k), dtype=dtype)]
+    return [mx.zeros((n, k * bits // 32), dtype=mx.uint32),
+            mx.zeros((n, k // group), dtype=dtype),  # type: ignore[operator]
+            mx.zeros((n, k // group), dtype=dtype)]  # type: ignore[operator]
+
+
 def build_project_route() -> None:
     """o_proj + residual, then the router and routing of the sum, in one launch (qwen3_moe)."""
     from mlx_omnia.engine.core.kernels.moe.cuda import (
@@ -228,13 +238,6 @@ def build_project_route() -> None:
         project_route_launcher,
     )
     from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
-
-    def mats(n: int, k: int, bits: int | None, group: int | None, dtype: mx.Dtype) -> list[mx.array]:
-        if bits is None:
-            return [mx.zeros((n, k), dtype=dtype)]
-        return [mx.zeros((n, k * bits // 32), dtype=mx.uint32),
-                mx.zeros((n, k // group), dtype=dtype),  # type: ignore[operator]
-                mx.zeros((n, k // group), dtype=dtype)]  # type: ignore[operator]
 
     for dtype in (mx.bfloat16, mx.float16):
         for bits, group in ((None, None), (4, 64), (8, 64), (4, 32)):
@@ -252,6 +255,38 @@ def build_project_route() -> None:
                           mx.zeros((hidden,), dtype=dtype), *mats(e, hidden, bits, group, dtype),
                           mx.zeros((hidden,), dtype=dtype), mx.zeros((3,), dtype=mx.int32)]
                 project_route_launcher(project, route, router)(inputs)
+
+
+def build_project_attend() -> None:
+    """The q/k/v projections, then the attention of them, in one launch (qwen3, qwen3_moe)."""
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import (
+        AttentionStepSpec,
+        project_attend_fits,
+        project_attend_launcher,
+    )
+    from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
+
+    for dtype in (mx.bfloat16, mx.float16):
+        for bits, group in ((None, None), (4, 64), (8, 64), (4, 32)):
+            # qwen3-4b, qwen3-30b-a3b, a small test shape
+            for k, h, kv, d in ((2560, 32, 8, 128), (2048, 32, 4, 128), (256, 4, 2, 64)):
+                for cap in (256, 2304):
+                    qkv = QmvSpec(dtype=dtype, k=k, rows=(h * d, kv * d, kv * d), bits=bits,
+                                  group_size=group, norm_eps=1e-6)
+                    spec = AttentionStepSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d,
+                                             capacity=cap, scale=d**-0.5, q_eps=1e-6, k_eps=1e-6)
+                    if not project_attend_fits(qkv, spec):
+                        print(f"declined: project_attend {qkv.name()} {spec.tag()}")
+                        continue
+                    inputs = [mx.zeros((1, 1, k), dtype=dtype)]
+                    for n in qkv.rows:
+                        inputs += mats(n, k, bits, group, dtype)
+                    inputs += [mx.zeros((k,), dtype=dtype), mx.zeros((d,), dtype=dtype),
+                               mx.zeros((d,), dtype=dtype), mx.zeros((d // 2,), dtype=mx.float32),
+                               mx.zeros((1, kv, cap, d), dtype=dtype),
+                               mx.zeros((1, kv, cap, d), dtype=dtype), mx.zeros((), dtype=mx.int32),
+                               mx.zeros((kv,), dtype=mx.int32), mx.zeros((3,), dtype=mx.int32)]
+                    project_attend_launcher(qkv, spec, (1, 1))(inputs)
 
 
 def chain(up: Any, down: Any, mats: Any) -> None:

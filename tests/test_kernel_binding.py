@@ -18,7 +18,12 @@ import pytest
 
 from mlx_omnia.engine.core.binding import Declaration, Implementation, bind_layers
 from mlx_omnia.engine.core.kernels import cuda_backend, header_include
-from mlx_omnia.engine.core.kernels.attention_step import attention_applies, attention_fits
+from mlx_omnia.engine.core.kernels.attention_step import (
+    attention_applies,
+    attention_fits,
+    project_attend_applies,
+    project_attend_fits,
+)
 from mlx_omnia.engine.core.kernels.moe import (
     chain_applies,
     chain_fits_decl,
@@ -45,6 +50,7 @@ from mlx_omnia.engine.core.layers import (
     Embedding,
     Linear,
     OffsetRmsNorm,
+    ProjectAttend,
     Projections,
     RmsNorm,
     Rope,
@@ -571,6 +577,74 @@ def test_chained_projections_are_the_projection_then_the_projections() -> None:
     assert act.shape == (1, 1, 64)
 
 
+def project_attend(*, qkv: dict[str, object] | None = None, with_norm: bool = True,
+                   **att: object) -> ProjectAttend:
+    """qwen3-4b's q/k/v (2560 -> 4096 + 1024 + 1024, 4-bit, after the RMS norm) then its
+    attention (32 heads, 8 kv heads, head norms), unless one property is changed."""
+    cfg: dict[str, object] = {"k": 2560, "bits": 4, **(qkv or {})}
+    dims = cast(int, att.get("head_dim", 128))
+    heads, kv = cast(int, att.get("n_heads", 32)), cast(int, att.get("n_kv_heads", 8))
+    rows = cast(tuple[int, int, int], cfg.pop("rows", (heads * dims, kv * dims, kv * dims)))
+    mats = [linear(n=n, **cfg) for n in rows]  # type: ignore[arg-type]
+    dtype = cast(mx.Dtype, cfg.get("dtype", mx.bfloat16))
+    nrm = norm(cast(int, cfg["k"]), dtype) if with_norm else None
+    return ProjectAttend(Projections(mats, norm=nrm), attention(**att))
+
+
+PROJECT_ATTEND_ACCEPTED: dict[str, Callable[[], ProjectAttend]] = {
+    "qwen3-4b 4-bit": lambda: project_attend(),
+    "qwen3-30b-a3b 4-bit (8 query heads a kv head, K 2048)": lambda: project_attend(
+        qkv={"k": 2048}, n_kv_heads=4),
+    "dense bf16": lambda: project_attend(qkv={"bits": None}),
+    "q/k/v without a norm": lambda: project_attend(with_norm=False),
+    "llama (no head norms, head 64)": lambda: project_attend(
+        n_kv_heads=4, head_dim=64, q_norm=None, k_norm=None, rope=Rope(64, base=5e5)),
+}
+PROJECT_ATTEND_DECLINED: dict[str, Callable[[], ProjectAttend]] = {
+    "q/k/v with a bias": lambda: project_attend(qkv={"bias": True}),
+    "q/k/v in float16, attention norms in bf16": lambda: project_attend(qkv={"dtype": mx.float16}),
+    "q/k/v 3-bit": lambda: project_attend(qkv={"bits": 3}),
+    "q narrower than the attention's heads": lambda: project_attend(
+        qkv={"rows": (2048, 1024, 1024)}),
+    "sliding-window attention": lambda: project_attend(window=4096),
+    "soft-capped attention": lambda: project_attend(softcap=50.0),
+    "both staged inputs past one block's shared memory (K 8192, 8 query heads a kv head)":
+        lambda: project_attend(qkv={"k": 8192}, n_kv_heads=4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROJECT_ATTEND_ACCEPTED))
+def test_project_attend_accepts_the_pair_it_computes(case: str) -> None:
+    assert project_attend_fits(PROJECT_ATTEND_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(PROJECT_ATTEND_DECLINED))
+def test_project_attend_declines_a_pair_differing_in_one_property(case: str) -> None:
+    assert not project_attend_fits(PROJECT_ATTEND_DECLINED[case]())
+
+
+def test_project_attend_is_the_projections_then_the_attention() -> None:
+    """The core path: q, k, v of norm(x), then the attention step of them, each as bound; the
+    cache advances once."""
+    from mlx_omnia.engine.core.cache import KVCache
+
+    decl = project_attend(qkv={"bits": None, "dtype": mx.float32, "k": 64}, n_heads=4,
+                          n_kv_heads=2, head_dim=32, q_norm=norm(32, mx.float32),
+                          k_norm=norm(32, mx.float32), rope=Rope(32, base=1e4))
+    assert decl.qkv.norm is not None
+    decl.qkv.norm.weight = decl.qkv.norm.weight.astype(mx.float32)
+    for i, m in enumerate(decl.qkv.matrices):
+        m.weight = mx.random.normal(m.weight.shape, key=mx.random.key(1 + i)) * 0.1
+    for d in (decl.qkv, decl.attention, decl):
+        d.bind()
+    x = mx.random.normal((1, 3, 64), key=mx.random.key(7))
+    mine, theirs = KVCache(), KVCache()
+    got = decl(x, mine)
+    want = decl.attention.project(*decl.qkv(x), theirs)
+    assert got.shape == (1, 3, 4 * 32) and mx.array_equal(got, want)
+    assert mine.offset == theirs.offset == 3
+
+
 class _Pair(Declaration):
     """A declaration with a chained implementation and a plain one, both always applying."""
 
@@ -610,6 +684,7 @@ def test_no_cuda_kernel_applies_on_the_cpu() -> None:
     assert not chain_applies(CHAIN_ACCEPTED["affine 4-bit g64"]())
     assert not project_route_applies(PROJECT_ROUTE_ACCEPTED["4-bit o_proj, 4-bit router"]())
     assert not chained_applies(CHAINED_ACCEPTED["4-bit o_proj, 4-bit gate/up after the norm"]())
+    assert not project_attend_applies(PROJECT_ATTEND_ACCEPTED["qwen3-4b 4-bit"]())
 
 
 @on_cpu

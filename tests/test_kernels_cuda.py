@@ -25,6 +25,7 @@ from mlx_omnia.engine.core.layers import (
     Embedding,
     Gate,
     Linear,
+    ProjectAttend,
     Projections,
     RmsNorm,
     Rope,
@@ -172,6 +173,19 @@ ATTENTION_CASES = {
 }
 
 
+def prefilled_cache(core: Any, prefix: int, heads: int, kv_heads: int, d: int,
+                    dtype: mx.Dtype) -> StaticKVCache:
+    """A static cache holding `prefix` random rows, written by the core attention (seeded by
+    `prefix`: two calls give equal caches)."""
+    cache = KVCache()
+    mx.random.seed(prefix)
+    q = mx.random.normal((1, prefix, heads * d)).astype(dtype)
+    k = mx.random.normal((1, prefix, kv_heads * d)).astype(dtype)
+    v = mx.random.normal((1, prefix, kv_heads * d)).astype(dtype)
+    mx.eval(core(q, k, v, cache), cache.state())
+    return StaticKVCache.from_cache(cache)
+
+
 @pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
 @pytest.mark.parametrize("prefix", [1, 64, 700, 2300])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -185,16 +199,10 @@ def test_attention_step_matches_core(case: str, prefix: int, dtype: mx.Dtype) ->
     assert att.bind() == "attention_step_cuda"
     core = att.reference()
 
-    def prefilled() -> KVCache:
-        cache = KVCache()
-        mx.random.seed(prefix)
-        q = mx.random.normal((1, prefix, h * d)).astype(dtype)
-        k = mx.random.normal((1, prefix, hkv * d)).astype(dtype)
-        v = mx.random.normal((1, prefix, hkv * d)).astype(dtype)
-        mx.eval(core(q, k, v, cache), cache.state())
-        return cache
+    def prefilled() -> StaticKVCache:
+        return prefilled_cache(core, prefix, h, hkv, d, dtype)
 
-    mine, theirs = StaticKVCache.from_cache(prefilled()), StaticKVCache.from_cache(prefilled())
+    mine, theirs = prefilled(), prefilled()
     for step in range(3):
         for cache in (mine, theirs):
             cache.reserve(prefix + step + 1)
@@ -555,6 +563,67 @@ def test_experts_chain_equals_gate_up_then_down(
             assert rel_err(got, core) <= 16 * ULP[dtype], step
 
 
+@pytest.mark.parametrize(("k_in", "heads", "kv_heads"), [(2560, 32, 8), (2048, 32, 4), (256, 4, 2)])
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("prefix", [37, 2100])
+def test_project_attend_equals_projections_then_attention(
+    k_in: int, heads: int, kv_heads: int, fmt: tuple[int | None, int | None], dtype: mx.Dtype,
+    prefix: int,
+) -> None:
+    """ProjectAttend (q/k/v after the norm, then the attention of them, one launch: the
+    attention's blocks load their cached rows, then wait for the q/k/v blocks) writes exactly
+    what the q/k/v launch (with the attention's block size) followed by the attention launch
+    write, launch after launch (both counter arrays return to zero), cache included; the
+    output matches the core attention of those q, k, v within the attention test's bound."""
+    from mlx_omnia.engine.core.kernels.attention_step import attention_spec
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import attend_qkv_spec
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import launcher as attention_launcher
+
+    d = 128 if heads > 4 else 64
+    mats = [make_linear(k_in, n, fmt, dtype) for n in (heads * d, kv_heads * d, kv_heads * d)]
+    qkv = Projections(mats, norm=make_norm(k_in, dtype))
+    att = AttentionStep(n_heads=heads, n_kv_heads=kv_heads, head_dim=d, q_norm=make_norm(d, dtype),
+                        k_norm=make_norm(d, dtype), rope=Rope(d, base=1e6))
+    decl = ProjectAttend(qkv, att)
+    assert qkv.bind() == "qmv_cuda" and att.bind() == "attention_step_cuda"
+    assert decl.bind() == "project_attend_cuda"
+    spec = projections_spec(qkv)
+    assert spec is not None
+    core = att.reference()
+
+    def prefilled() -> StaticKVCache:
+        return prefilled_cache(core, prefix, heads, kv_heads, d, dtype)
+
+    mine, theirs, ref = prefilled(), prefilled(), prefilled()
+    inputs_of_attention = [att.q_norm.weight, att.k_norm.weight]  # type: ignore[union-attr]
+    from mlx_omnia.engine.core.kernels.attention_step import inverse_frequencies
+
+    inv_freq = inverse_frequencies(att)
+    heads_counters = mx.zeros((kv_heads,), dtype=mx.int32)
+    for step in range(3):
+        for cache in (mine, theirs, ref):
+            cache.reserve(prefix + step + 1)
+        x = (2 * mx.random.normal((1, 1, k_in))).astype(dtype)
+        got = decl(x, mine)
+        weights = [a for m in mats for a in ([m.weight] if m.bits is None else [m.weight, m.scales, m.biases])]
+        q, k, v = launcher(attend_qkv_spec(spec), (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
+        pos = theirs.state["offset"]
+        want, following = attention_launcher(attention_spec(att, dtype, theirs.capacity), (1, 1))(
+            [q, k, v, *inputs_of_attention, inv_freq, theirs.state["keys"],
+             theirs.state["values"], pos, heads_counters])
+        theirs.advance(pos, following)
+        core_out = core(q, k, v, ref)
+        mx.eval(got, want, core_out, mine.arrays(), theirs.arrays(), ref.arrays())
+        n = prefix + step + 1
+        assert got.shape == want.shape == (1, 1, heads * d), step
+        assert rel_err(got, want) == 0.0, step
+        assert int(mine.offset.item()) == int(theirs.offset.item()) == n
+        for name in ("keys", "values"):
+            assert rel_err(mine.state[name][..., :n, :], theirs.state[name][..., :n, :]) == 0.0
+        assert rel_err(got, core_out) <= 8 * ULP[dtype], step
+
+
 @pytest.mark.parametrize("quantize", [None, {"bits": 4, "group_size": 64}])
 def test_qwen3_model_greedy_tokens_agree_with_the_reference(
     tmp_path: Path, quantize: dict[str, int] | None
@@ -572,7 +641,7 @@ def test_qwen3_model_greedy_tokens_agree_with_the_reference(
     path = shapes.build_checkpoint("test-qwen3", tmp_path / "m", dtype="bfloat16")
     fast = load(str(path), dtype="bfloat16", quantize=quantize)
     kinds = set(fast.bindings().values())
-    assert {"qmv_cuda", "attention_step_cuda", "chained_qmv_cuda"} <= kinds, kinds
+    assert {"qmv_cuda", "attention_step_cuda", "chained_qmv_cuda", "project_attend_cuda"} <= kinds, kinds
     ref = reference_model(path, quantize)
     assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
 
@@ -593,6 +662,6 @@ def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> Non
     fast = load(str(path), dtype="bfloat16", quantize=quantize)
     kinds = set(fast.bindings().values())
     assert {"qmv_cuda", "attention_step_cuda", "route_cuda", "experts_cuda",
-            "experts_chain_cuda", "project_route_cuda"} <= kinds, kinds
+            "experts_chain_cuda", "project_route_cuda", "project_attend_cuda"} <= kinds, kinds
     ref = reference_model(path, quantize)
     assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")

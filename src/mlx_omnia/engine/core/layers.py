@@ -504,6 +504,43 @@ class Projections(Declaration):
         return self._bound(x)
 
 
+class ProjectAttend(Declaration):
+    """A layer's q/k/v projections (after its norm), then the attention step of them: (x [..., in],
+    cache) -> the attention's output [..., n_heads * head_dim]. Declares the two in the order
+    they run, so a kernel may run both in one launch; owns neither, and each keeps its own
+    binding for what the pair's kernel declines."""
+
+    implementations = (attention_kernels.project_attend_implementation(),)
+    _qkv: Projections
+    _attention: AttentionStep
+
+    def __init__(self, qkv: Projections, attention: AttentionStep) -> None:
+        super().__init__()
+        object.__setattr__(self, "_qkv", qkv)
+        object.__setattr__(self, "_attention", attention)
+        self._bound: Callable[[mx.array, KVCache | StaticKVCache | None], mx.array] = self.reference()
+
+    @property
+    def qkv(self) -> Projections:
+        return self._qkv
+
+    @property
+    def attention(self) -> AttentionStep:
+        return self._attention
+
+    def reference(self) -> Callable[[mx.array, KVCache | StaticKVCache | None], mx.array]:
+        qkv, attention = self.qkv, self.attention
+
+        def project_attend(x: mx.array, cache: KVCache | StaticKVCache | None) -> mx.array:
+            q, k, v = qkv(x)
+            return attention.project(q, k, v, cache)
+
+        return project_attend
+
+    def __call__(self, x: mx.array, cache: KVCache | StaticKVCache | None) -> mx.array:
+        return self._bound(x, cache)
+
+
 class ChainedProjections(Declaration):
     """A projection with its residual, then projections of the sum: (a [..., in], residual
     [..., out]) -> (h = residual + project(a), *then(h)); an attention's o_proj, then the MLP's

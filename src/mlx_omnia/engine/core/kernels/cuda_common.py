@@ -88,5 +88,18 @@ __device__ __forceinline__ float small_uint_to_float(unsigned int q) {
   return __uint_as_float(0x4B000000u | q) - 8388608.0f;
 }
 
+// The second phase of a chained launch (chain_source): the block waits until `count` reaches
+// n, the first phase's blocks having published, then reads what they wrote. Called after the
+// block's first loads (weights, cached rows) are issued, so their latency overlaps the wait.
+// Nothing when count is null (a launch of its own).
+__device__ __forceinline__ void wait_published(const int* count, int n) {
+  if (count == nullptr) return;
+  if (threadIdx.x == 0) {
+    while (atomicAdd(const_cast<int*>(count), 0) < n) __nanosleep(100);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 }  // namespace omnia
 """

@@ -14,6 +14,7 @@ from mlx_omnia.engine.core.layers import (
     ChainedProjections,
     Embedding,
     Linear,
+    ProjectAttend,
     Projections,
     RmsNorm,
 )
@@ -40,10 +41,6 @@ class Qwen3Attention(nn.Module):
             q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
         )
 
-    def attend(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
-        """The attention of the projections q, k, v: o_proj's input."""
-        return self.attention.project(q, k, v, cache)
-
 
 class Qwen3MLP(nn.Module):
     def __init__(self, cfg: Qwen3Config) -> None:
@@ -68,12 +65,13 @@ class Qwen3DecoderLayer(nn.Module):
         self.gate_up = Projections(
             (mlp.gate_proj, mlp.up_proj), norm=self.post_attention_layernorm, gate="silu"
         )
+        # the attention runs right after the q/k/v projections of the layer input
+        self.qkv_attend = ProjectAttend(self.qkv, attn.attention)
         # o_proj (with the residual) runs right before the MLP's gate/up of its sum
         self.o_gate_up = ChainedProjections(attn.o_proj, self.gate_up)
 
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        q, k, v = self.qkv(x)
-        h, act = self.o_gate_up(self.self_attn.attend(q, k, v, cache), x)
+        h, act = self.o_gate_up(self.qkv_attend(x, cache), x)
         return self.mlp.down_proj(act, residual=h)
 
 

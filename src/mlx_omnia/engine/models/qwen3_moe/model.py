@@ -11,7 +11,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_omnia.engine.core.cache import KVCache
-from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, Projections, RmsNorm
+from mlx_omnia.engine.core.layers import (
+    AttentionStep,
+    Embedding,
+    Linear,
+    ProjectAttend,
+    Projections,
+    RmsNorm,
+)
 from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.qwen3_moe.config import Qwen3MoeConfig
@@ -35,16 +42,6 @@ class Qwen3MoeAttention(nn.Module):
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
             q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
         )
-
-    def attend(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
-        """The attention of the projections q, k, v: o_proj's input."""
-        return self.attention.project(q, k, v, cache)
-
-    def __call__(
-        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None, residual: mx.array
-    ) -> mx.array:
-        """residual + o_proj(attention of the projections q, k, v)."""
-        return self.o_proj(self.attend(q, k, v, cache), residual=residual)
 
 
 class Qwen3MoeMLP(nn.Module):
@@ -110,12 +107,14 @@ class Qwen3MoeDecoderLayer(nn.Module):
         self.mlp = (Qwen3MoeSparseMoeBlock(cfg, norm, attn.o_proj) if cfg.sparse(index)
                     else Qwen3MoeMLP(cfg, norm))
         self.qkv = Projections((attn.q_proj, attn.k_proj, attn.v_proj), norm=self.input_layernorm)
+        # the attention runs right after the q/k/v projections of the layer input
+        self.qkv_attend = ProjectAttend(self.qkv, attn.attention)
 
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        q, k, v = self.qkv(x)
+        a = self.qkv_attend(x, cache)
         if isinstance(self.mlp, Qwen3MoeSparseMoeBlock):
-            return self.mlp.after_attention(self.self_attn.attend(q, k, v, cache), x)
-        return self.mlp(self.self_attn(q, k, v, cache, residual=x))
+            return self.mlp.after_attention(a, x)
+        return self.mlp(self.self_attn.o_proj(a, residual=x))
 
 
 class Qwen3MoeModel(nn.Module):

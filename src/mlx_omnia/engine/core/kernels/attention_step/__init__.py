@@ -20,13 +20,19 @@ from mlx_omnia.engine.core.kernels import cuda_backend
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
     AttentionStepSpec,
     launcher,
+    project_attend_launcher,
     spec_fits,
 )
+from mlx_omnia.engine.core.kernels.attention_step.cuda import (
+    project_attend_fits as project_attend_fits_specs,
+)
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
+from mlx_omnia.engine.core.kernels.qmv import matrix_inputs, projections_spec
+from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
 from mlx_omnia.engine.core.mxcompat import evaluate
 
 if TYPE_CHECKING:
-    from mlx_omnia.engine.core.layers import AttentionStep, RmsNorm
+    from mlx_omnia.engine.core.layers import AttentionStep, ProjectAttend, RmsNorm
 
 
 def _plain_norm(norm: RmsNorm | None, dims: int) -> bool:
@@ -125,3 +131,87 @@ def implementation() -> Any:
     from mlx_omnia.engine.core.binding import Implementation
 
     return Implementation("attention_step_cuda", attention_applies, attention_build)
+
+
+# -- ProjectAttend: the q/k/v projections and the attention in one launch --------------------
+def project_attend_qkv(decl: ProjectAttend) -> QmvSpec | None:
+    """The q/k/v projections' qmv spec, when the qmv kernel computes them."""
+    return projections_spec(decl.qkv)
+
+
+def project_attend_fits(decl: ProjectAttend) -> bool:
+    """Every declared property is one the kernel computes (the backend aside): each half alone
+    (the projections as qmv does them, the attention as attention_step does it), and the pair
+    in one launch (at the smallest cache, bf16: the dtype and the capacity are checked again
+    per call)."""
+    qkv = project_attend_qkv(decl)
+    if qkv is None or not attention_fits(decl.attention):
+        return False
+    norms = (decl.attention.q_norm, decl.attention.k_norm)
+    if any(n is not None and n.weight.dtype != qkv.dtype for n in norms):
+        return False
+    spec = attention_spec(decl.attention, qkv.dtype, StaticKVCache.step)
+    return project_attend_fits_specs(qkv, spec)
+
+
+def project_attend_applies(decl: ProjectAttend) -> bool:
+    return cuda_backend() and project_attend_fits(decl)
+
+
+def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.array]:
+    """One launch for one token on a StaticKVCache; anything else goes through the projections'
+    and the attention's own bindings."""
+    qkv = project_attend_qkv(decl)
+    assert qkv is not None
+    separate = decl.reference()
+    attention = decl.attention
+    inv_freq = inverse_frequencies(attention)
+    # Both counter arrays are written in place and left zero by each launch: owned here.
+    heads = mx.zeros((attention.n_kv_heads,), dtype=mx.int32)
+    counters = mx.zeros((3,), dtype=mx.int32)
+    evaluate(heads, counters)
+    calls: dict[tuple[int, tuple[int, ...]], Callable[[list[mx.array]], tuple[mx.array, mx.array]]]
+    calls = {}
+
+    def run(x: mx.array, cache: Any) -> mx.array:
+        if (
+            not isinstance(cache, StaticKVCache)
+            or x.shape[:2] != (1, 1)
+            or x.size != qkv.k
+            or x.dtype != qkv.dtype
+            or cache.state["keys"].dtype != qkv.dtype
+            or cache.state["values"].dtype != qkv.dtype
+            or (attention.q_norm is not None and attention.q_norm.weight.dtype != qkv.dtype)
+            or (attention.k_norm is not None and attention.k_norm.weight.dtype != qkv.dtype)
+        ):
+            return separate(x, cache)
+        key = (cache.capacity, x.shape[:-1])
+        call = calls.get(key)
+        if call is None:
+            spec = attention_spec(attention, qkv.dtype, cache.capacity)
+            if not project_attend_fits_specs(qkv, spec):
+                return separate(x, cache)
+            call = calls[key] = project_attend_launcher(qkv, spec, key[1])
+        pos = cache.state["offset"]
+        inputs: list[mx.array] = [x]
+        for m in decl.qkv.matrices:
+            inputs += matrix_inputs(m)
+        if decl.qkv.norm is not None:
+            inputs.append(decl.qkv.norm.weight)
+        if attention.q_norm is not None:
+            inputs.append(attention.q_norm.weight)
+        if attention.k_norm is not None:
+            inputs.append(attention.k_norm.weight)
+        inputs += [inv_freq, cache.state["keys"], cache.state["values"], pos, heads, counters]
+        out, following = call(inputs)
+        cache.advance(pos, following)
+        return out
+
+    return run
+
+
+def project_attend_implementation() -> Any:
+    from mlx_omnia.engine.core.binding import Implementation
+
+    return Implementation("project_attend_cuda", project_attend_applies, project_attend_build,
+                          chained=True)

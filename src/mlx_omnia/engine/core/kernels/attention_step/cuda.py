@@ -18,8 +18,8 @@ the binding alone, and every reader runs on the same stream after this launch.""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -27,17 +27,38 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.kernels import cuda_kernel
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, flag
+from mlx_omnia.engine.core.kernels.qmv.cuda import (
+    QMV_HEADER,
+    Launch,
+    QmvSpec,
+    blocks_of,
+    chain_source,
+    chain_wait,
+    qmv_smem,
+)
+from mlx_omnia.engine.core.kernels.qmv.cuda import spec_fits as qmv_fits
 
 MAX_SLICES = 1024  # slices one merge can take (its weights sit in shared memory)
+THREADS = 128      # a block's threads (NT in the kernel)
 
-ATTENTION_HEADER = HEADER + r"""
+ATTENTION_DEVICE = r"""
 namespace omnia {
 
-template <typename T, int H, int HKV, int D, int KPB, bool QN, bool KN, bool TRAD>
+// A load of q, k_new or v_new: through L2 (ld.global.cg) when CG, they being written by other
+// blocks of this launch (a chained launch's first phase).
+template <bool CG, typename U> __device__ __forceinline__ U ld_new(const U* p) {
+  if constexpr (CG) return __ldcg(p); else return *p;
+}
+
+// `block`: this block's index among the attention's blocks (blockIdx.x, or a chained launch's
+// ticket). CG: q, k_new and v_new come from the first phase of a chained launch: `wait`,
+// `wait_for` say when they are there (wait_published), after the loads that do not need them.
+template <typename T, int H, int HKV, int D, int KPB, bool QN, bool KN, bool TRAD, bool CG = false>
 __device__ __forceinline__ void attention_step(
     const T* q, const T* k_new, const T* v_new, const T* qw, const T* kw, const float* inv_freq,
     const T* k_cache, const T* v_cache, const int* pos_p, const int* counters, float* part_o,
-    float* part_ml, T* out, int* next_pos, float eps_q, float eps_k, float scale, int cap) {
+    float* part_ml, T* out, int* next_pos, float eps_q, float eps_k, float scale, int cap,
+    int block, const int* wait = nullptr, int wait_for = 0) {
   constexpr int G = H / HKV;
   constexpr int NT = 128, NW = NT / 32;
   constexpr int CH = D / 8;          // 16-byte chunks of a row: the lanes of one key
@@ -52,26 +73,27 @@ __device__ __forceinline__ void attention_step(
   __shared__ __align__(16) float buf[BUF];      // per-slot outputs, then the merge weights
   __shared__ int last;
   const int slices = cap / KPB;
-  const int kvh = blockIdx.x / slices, split = blockIdx.x % slices;
+  const int kvh = block / slices, split = block % slices;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int slot = tid / CH, c = tid % CH;
   const int pos = pos_p[0];
   const int t0 = split * KPB;
   const int n = min(KPB, pos + 1 - t0);  // keys of this slice (<= 0: nothing to do)
-  if (blockIdx.x == 0 && tid == 0) next_pos[0] = pos + 1;
+  if (block == 0 && tid == 0) next_pos[0] = pos + 1;
   if (n <= 0) return;
   T* kc = const_cast<T*>(k_cache) + (size_t)kvh * cap * D;
   T* vc = const_cast<T*>(v_cache) + (size_t)kvh * cap * D;
-  // Every load of the slice first, so their latencies overlap each other and the head work.
+  // Every load of the slice's cached rows first, so their latencies overlap each other and the
+  // head work (the new row's value is read below, with q and k_new).
   uint4 kr[ITER], vr[ITER];
 #pragma unroll
   for (int u = 0; u < ITER; ++u) {
     const int r = u * SLOTS + slot, t = t0 + r;
     kr[u] = make_uint4(0u, 0u, 0u, 0u);
     vr[u] = make_uint4(0u, 0u, 0u, 0u);
-    if (r < n) {
-      vr[u] = reinterpret_cast<const uint4*>(t == pos ? v_new + kvh * D : vc + (size_t)t * D)[c];
-      if (t != pos) kr[u] = reinterpret_cast<const uint4*>(kc + (size_t)t * D)[c];
+    if (r < n && t != pos) {
+      vr[u] = reinterpret_cast<const uint4*>(vc + (size_t)t * D)[c];
+      kr[u] = reinterpret_cast<const uint4*>(kc + (size_t)t * D)[c];
     }
   }
   // The head work's inputs too, before any of it: this warp's heads (j = warp + h * NW, the G
@@ -83,23 +105,32 @@ __device__ __forceinline__ void attention_step(
 #pragma unroll
   for (int h = 0; h < HPW; ++h) {
     const int j = warp + h * NW;
-    if (j <= G) {
-      const bool is_k = j == G;
-      const T* src = is_k ? k_new + kvh * D : q + (kvh * G + j) * D;
-      const T* wt = is_k ? kw : qw;
-      const bool nrm = is_k ? KN : QN;
+    const bool nrm = j == G ? KN : QN;
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        hv[h][e] = to_f<T>(src[lane + 32 * e]);
-        hw[h][e] = 0.f;
-        if (nrm) hw[h][e] = to_f<T>(wt[lane + 32 * e]);  // qw / kw are null without their norm
-      }
+    for (int e = 0; e < E; ++e) {
+      hw[h][e] = 0.f;
+      if (j <= G && nrm) hw[h][e] = to_f<T>((j == G ? kw : qw)[lane + 32 * e]);  // null: no norm
     }
   }
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const int d = lane + 32 * e;
     fr[e] = inv_freq[TRAD ? d / 2 : d % (D / 2)];
+  }
+  wait_published(wait, wait_for);
+#pragma unroll
+  for (int h = 0; h < HPW; ++h) {
+    const int j = warp + h * NW;
+    if (j <= G) {
+      const T* src = j == G ? k_new + kvh * D : q + (kvh * G + j) * D;
+#pragma unroll
+      for (int e = 0; e < E; ++e) hv[h][e] = to_f<T>(ld_new<CG>(src + lane + 32 * e));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < ITER; ++u) {
+    const int r = u * SLOTS + slot;
+    if (r < n && t0 + r == pos) vr[u] = ld_new<CG>(reinterpret_cast<const uint4*>(v_new + kvh * D) + c);
   }
   // Norm (optional) then rope of each query head of the group and of the new key: warp per head.
 #pragma unroll
@@ -144,7 +175,7 @@ __device__ __forceinline__ void attention_step(
   if (pos < t0 + KPB) {
     for (int d = tid; d < D; d += NT) {
       kc[(size_t)pos * D + d] = from_f<T>(hs[G][d]);
-      vc[(size_t)pos * D + d] = v_new[kvh * D + d];
+      vc[(size_t)pos * D + d] = ld_new<CG>(v_new + kvh * D + d);
     }
   }
   // Scores: the CH lanes of a key each take 8 dimensions; their sums meet through shuffles.
@@ -300,6 +331,7 @@ __device__ __forceinline__ void attention_step(
 
 }  // namespace omnia
 """.replace("@MAX_SLICES@", str(MAX_SLICES))
+ATTENTION_HEADER = HEADER + ATTENTION_DEVICE
 
 
 def keys_per_block(capacity: int) -> int:
@@ -344,34 +376,61 @@ class AttentionStepSpec:
         return (*names, "inv_freq", "k_cache", "v_cache", "pos", "counters")
 
 
+def attention_call(spec: AttentionStepSpec, *, block: str = "blockIdx.x", coherent: bool = False,
+                   wait: str | None = None, names: Mapping[str, str] | None = None) -> str:
+    """The attention_step call. `block`: this block's index among the attention's blocks;
+    `coherent` / `wait`: q, k_new, v_new come from the first phase of a chained launch ("count,
+    n": chain_wait); `names`: the launch's variable for an input or output where it differs."""
+    t = CUDA_TYPES[spec.dtype]
+    qn, kn = spec.q_eps is not None, spec.k_eps is not None
+    rename = dict(names or {})
+
+    def n(name: str) -> str:
+        return rename.get(name, name)
+
+    return (
+        f"omnia::attention_step<{t}, {spec.n_heads}, {spec.n_kv_heads}, {spec.head_dim}, "
+        f"{spec.keys_per_block}, {flag(qn)}, {flag(kn)}, {flag(spec.traditional)}, "
+        f"{flag(coherent)}>({n('q')}, {n('k_new')}, {n('v_new')}, "
+        f"{n('qw') if qn else 'nullptr'}, {n('kw') if kn else 'nullptr'}, {n('inv_freq')}, "
+        f"{n('k_cache')}, {n('v_cache')}, {n('pos')}, {n('counters')}, {n('part_o')}, "
+        f"{n('part_ml')}, {n('out')}, {n('next_pos')}, {float(spec.q_eps or 0.0)!r}f, "
+        f"{float(spec.k_eps or 0.0)!r}f, {float(spec.scale)!r}f, {n('k_cache')}_shape[2], "
+        f"{block}{', ' + wait if wait else ''});\n"
+    )
+
+
+def output_shapes(spec: AttentionStepSpec, lead: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """part_o, part_ml, out, next_pos. next_pos is 0-d, the cache offset's own shape: a reshape
+    after the launch would be one more primitive per layer and token for MLX to dispatch."""
+    h, d = spec.n_heads, spec.head_dim
+    return [(spec.slices, h, d), (spec.slices, h, 2), (*lead, h * d), ()]
+
+
+def output_dtypes(spec: AttentionStepSpec) -> list[mx.Dtype]:
+    return [mx.float32, mx.float32, spec.dtype, mx.int32]
+
+
+def blocks(spec: AttentionStepSpec) -> int:
+    return spec.n_kv_heads * spec.slices
+
+
 @cache
 def launcher(
     spec: AttentionStepSpec, lead: tuple[int, ...]
 ) -> Callable[[list[mx.array]], tuple[mx.array, mx.array]]:
     """The launch for `spec`: inputs as `input_names` -> (attention output, next offset)."""
-    t = CUDA_TYPES[spec.dtype]
-    h, d = spec.n_heads, spec.head_dim
-    qn, kn = spec.q_eps is not None, spec.k_eps is not None
     kernel = cuda_kernel(
         f"omnia_attention_step_{spec.tag()}", spec.input_names(),
-        ("part_o", "part_ml", "out", "next_pos"),
-        f"omnia::attention_step<{t}, {h}, {spec.n_kv_heads}, {d}, {spec.keys_per_block}, "
-        f"{flag(qn)}, {flag(kn)}, {flag(spec.traditional)}>(q, k_new, v_new, "
-        f"{'qw' if qn else 'nullptr'}, {'kw' if kn else 'nullptr'}, inv_freq, k_cache, v_cache, "
-        f"pos, counters, part_o, part_ml, out, next_pos, {float(spec.q_eps or 0.0)!r}f, "
-        f"{float(spec.k_eps or 0.0)!r}f, {float(spec.scale)!r}f, k_cache_shape[2]);\n",
-        ATTENTION_HEADER,
+        ("part_o", "part_ml", "out", "next_pos"), attention_call(spec), ATTENTION_HEADER,
     )
-    # next_pos is 0-d, the cache offset's own shape: a reshape after the launch would be one
-    # more primitive per layer and token for MLX to dispatch
-    shapes = [(spec.slices, h, d), (spec.slices, h, 2), (*lead, h * d), ()]
-    dtypes = [mx.float32, mx.float32, spec.dtype, mx.int32]
-    grid = (spec.n_kv_heads * spec.slices * 128, 1, 1)
+    shapes, dtypes = output_shapes(spec, lead), output_dtypes(spec)
+    grid = (blocks(spec) * THREADS, 1, 1)
 
     def call(inputs: list[mx.array]) -> tuple[mx.array, mx.array]:
         outs: Any = kernel(
             inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
-            threadgroup=(128, 1, 1),
+            threadgroup=(THREADS, 1, 1),
         )
         return outs[2], outs[3]
 
@@ -390,3 +449,75 @@ def spec_fits(spec: AttentionStepSpec) -> bool:
         and spec.capacity % spec.keys_per_block == 0
         and spec.slices <= MAX_SLICES
     )
+
+
+# -- q/k/v then attention, one launch -------------------------------------------------------
+STATIC_SMEM = 48 * 1024  # a block's static shared memory
+
+
+def attention_smem(spec: AttentionStepSpec) -> int:
+    """Bytes of the attention device function's static shared memory (hs, p, stat, buf, last)."""
+    g, d, kpb = spec.n_heads // spec.n_kv_heads, spec.head_dim, spec.keys_per_block
+    slots = THREADS // (d // 8)
+    buf = max(slots * g * d, g * MAX_SLICES)
+    return 4 * ((g + 1) * d + g * kpb + 2 * g + buf + 1)
+
+
+def attend_qkv_spec(qkv: QmvSpec) -> QmvSpec:
+    """The q/k/v projection as the first phase of a launch of the attention's block size: its
+    own launch but with THREADS / 32 warps (any warp count computes the same sums)."""
+    cfg = qkv.config
+    return replace(qkv, launch=Launch(lanes=cfg.lanes, rows=cfg.rows, warps=THREADS // 32,
+                                      unroll=cfg.unroll, prefetch=cfg.prefetch, loop=cfg.loop))
+
+
+def project_attend_fits(qkv: QmvSpec, spec: AttentionStepSpec) -> bool:
+    """q/k/v projections (three segments, no gate or residual) then the attention of them, in
+    one launch: each fits alone, in one dtype, the segments are the attention's q, k and v
+    widths, and the two phases' static shared memory fits one block."""
+    first = attend_qkv_spec(qkv)
+    h, kv, d = spec.n_heads, spec.n_kv_heads, spec.head_dim
+    return (
+        qmv_fits(first) and spec_fits(spec)
+        and qkv.rows == (h * d, kv * d, kv * d)
+        and qkv.gate is None and not qkv.residual
+        and qkv.dtype == spec.dtype
+        and qmv_smem(first) + attention_smem(spec) + 256 <= STATIC_SMEM
+    )
+
+
+@cache
+def project_attend_launcher(
+    qkv: QmvSpec, spec: AttentionStepSpec, lead: tuple[int, ...]
+) -> Callable[[list[mx.array]], tuple[mx.array, mx.array]]:
+    """(x [*lead, in], q/k/v weights..., norm weight [in]?, qw?, kw?, inv_freq, k_cache, v_cache,
+    pos, heads (the attention's counters), counters [3] int32 zeros) -> (attention output,
+    next offset), in one launch: the q/k/v blocks take the first tickets (their outputs q, k,
+    v are outputs of the launch too); the attention's blocks issue their cached rows' loads,
+    then wait for them (chain_source). Both counter arrays are written in place and left zero:
+    the caller owns them."""
+    first = attend_qkv_spec(qkv)
+    nb1, nb2 = blocks_of(first), blocks(spec)
+    qkv_inputs = first.input_names()[1:]
+    att_inputs = [n for n in spec.input_names() if n not in ("q", "k_new", "v_new", "counters")]
+    names = ("x", *qkv_inputs, *att_inputs, "heads", "counters")
+    source = chain_source(
+        nb1,
+        first.source(block="t", names={"y0": "q", "y1": "k", "y2": "v"}),
+        attention_call(spec, block=f"t - {nb1}", coherent=True, wait=chain_wait(nb1),
+                       names={"k_new": "k", "v_new": "v", "counters": "heads"}),
+        nb2,
+    )
+    kernel = cuda_kernel(f"omnia_project_attend__{first.name()}__{spec.tag()}", names,
+                         ("q", "k", "v", "part_o", "part_ml", "out", "next_pos"), source,
+                         QMV_HEADER + ATTENTION_DEVICE)
+    shapes = [*((*lead, n) for n in first.rows), *output_shapes(spec, lead)]
+    dtypes = [spec.dtype] * 3 + output_dtypes(spec)
+    grid = ((nb1 + nb2) * THREADS, 1, 1)
+
+    def call(inputs: list[mx.array]) -> tuple[mx.array, mx.array]:
+        outs: Any = kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
+                           threadgroup=(THREADS, 1, 1))
+        return outs[5], outs[6]
+
+    return call

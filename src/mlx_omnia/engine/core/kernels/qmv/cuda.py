@@ -162,19 +162,6 @@ struct QmvRow {
   }
 };
 
-// The second phase of a chained launch (chain_source): the block waits until `count` reaches
-// n, the first phase's blocks having published, then reads what they wrote. Called after the
-// block's first weight loads are issued, so their latency overlaps the wait. Nothing when count
-// is null (a launch of its own).
-__device__ __forceinline__ void wait_published(const int* count, int n) {
-  if (count == nullptr) return;
-  if (threadIdx.x == 0) {
-    while (atomicAdd(const_cast<int*>(count), 0) < n) __nanosleep(100);
-    __threadfence();
-  }
-  __syncthreads();
-}
-
 // 1 / rms of one row of K values, for every thread of the block (NWARPS warps): the sum of
 // squares in float as mx.fast.rms_norm takes it, each warp's part, then the warps' in order.
 template <typename T, int K, int NWARPS, bool CG = false>
@@ -655,6 +642,19 @@ def spec_fits(spec: QmvSpec) -> bool:
 # input values one block stages in static shared memory (40 KB as floats): the experts' staged
 # rows, or the two inputs a chained launch's two calls stage together
 MAX_ROWS_STAGED = 10240
+
+
+def qmv_smem(spec: QmvSpec) -> int:
+    """Bytes of the qmv device function's static shared memory: the input staged as floats with
+    each chunk's sum (quantized weights up to MAX_ROWS_STAGED), else as T; the norm's
+    per-warp partial sums."""
+    size = 2 if spec.dtype != mx.float32 else 4
+    chunks = spec.k // (8 if spec.bits is None else 128 // spec.bits)
+    if spec.bits is not None and spec.k <= MAX_ROWS_STAGED:
+        staged = 4 * spec.k + 8 * chunks + 8 * size
+    else:
+        staged = 16 + 8 + spec.k * size
+    return staged + 4 * spec.config.warps
 
 
 def blocks_of(spec: QmvSpec) -> int:
