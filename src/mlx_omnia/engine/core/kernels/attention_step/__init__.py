@@ -114,17 +114,18 @@ def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
                 return reference(q, k, v, cache)
             run = calls[key] = launcher(spec, key[2])
         pos = cache.state["offset"]
-        inputs = [q, k, v]
-        if decl.q_norm is not None:
-            inputs.append(decl.q_norm.weight)
-        if decl.k_norm is not None:
-            inputs.append(decl.k_norm.weight)
-        inputs += [inv_freq, cache.state["keys"], cache.state["values"], pos, counters]
-        out, following = run(inputs)
+        out, following = run([q, k, v, *cache_inputs(decl, inv_freq, cache), counters])
         cache.advance(pos, following)
         return out
 
     return project
+
+
+def cache_inputs(decl: AttentionStep, inv_freq: mx.array, cache: StaticKVCache) -> list[mx.array]:
+    """The kernel's inputs between q, k, v and its counters: the head norms' weights (when
+    declared), the rope frequencies, the cache's buffers and offset."""
+    norms = [n.weight for n in (decl.q_norm, decl.k_norm) if n is not None]
+    return [*norms, inv_freq, cache.state["keys"], cache.state["values"], cache.state["offset"]]
 
 
 def implementation() -> Any:
@@ -141,9 +142,9 @@ def project_attend_qkv(decl: ProjectAttend) -> QmvSpec | None:
 
 def project_attend_fits(decl: ProjectAttend) -> bool:
     """Every declared property is one the kernel computes (the backend aside): each half alone
-    (the projections as qmv does them, the attention as attention_step does it), and the pair
-    in one launch (at the smallest cache, bf16: the dtype and the capacity are checked again
-    per call)."""
+    (the projections as qmv does them, the attention as attention_step does it), the head
+    norms in the activation dtype, and the pair in one launch (at the smallest cache: the
+    capacity is checked again per call)."""
     qkv = project_attend_qkv(decl)
     if qkv is None or not attention_fits(decl.attention):
         return False
@@ -170,8 +171,9 @@ def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.ar
     heads = mx.zeros((attention.n_kv_heads,), dtype=mx.int32)
     counters = mx.zeros((3,), dtype=mx.int32)
     evaluate(heads, counters)
-    calls: dict[tuple[int, tuple[int, ...]], Callable[[list[mx.array]], tuple[mx.array, mx.array]]]
-    calls = {}
+    calls: dict[
+        tuple[int, tuple[int, ...]], Callable[[list[mx.array]], tuple[mx.array, mx.array]]
+    ] = {}
 
     def run(x: mx.array, cache: Any) -> mx.array:
         if (
@@ -181,8 +183,6 @@ def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.ar
             or x.dtype != qkv.dtype
             or cache.state["keys"].dtype != qkv.dtype
             or cache.state["values"].dtype != qkv.dtype
-            or (attention.q_norm is not None and attention.q_norm.weight.dtype != qkv.dtype)
-            or (attention.k_norm is not None and attention.k_norm.weight.dtype != qkv.dtype)
         ):
             return separate(x, cache)
         key = (cache.capacity, x.shape[:-1])
@@ -198,12 +198,7 @@ def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.ar
             inputs += matrix_inputs(m)
         if decl.qkv.norm is not None:
             inputs.append(decl.qkv.norm.weight)
-        if attention.q_norm is not None:
-            inputs.append(attention.q_norm.weight)
-        if attention.k_norm is not None:
-            inputs.append(attention.k_norm.weight)
-        inputs += [inv_freq, cache.state["keys"], cache.state["values"], pos, heads, counters]
-        out, following = call(inputs)
+        out, following = call([*inputs, *cache_inputs(attention, inv_freq, cache), heads, counters])
         cache.advance(pos, following)
         return out
 

@@ -648,7 +648,7 @@ def qmv_smem(spec: QmvSpec) -> int:
     """Bytes of the qmv device function's static shared memory: the input staged as floats with
     each chunk's sum (quantized weights up to MAX_ROWS_STAGED), else as T; the norm's
     per-warp partial sums."""
-    size = 2 if spec.dtype != mx.float32 else 4
+    size = spec.dtype.size
     chunks = spec.k // (8 if spec.bits is None else 128 // spec.bits)
     if spec.bits is not None and spec.k <= MAX_ROWS_STAGED:
         staged = 4 * spec.k + 8 * chunks + 8 * size
