@@ -44,13 +44,13 @@ cuda_tests() {  # SECONDS OUTFILE PYTEST-ARGS...
   local limit=$1 out=$2; shift 2
   local base=$MLX_PTX_CACHE_DIR jobs=${JOBS:-12}
   for w in $(seq 0 $((jobs - 1))); do
-    mkdir -p $base/gw$w && find $base -maxdepth 1 -type f -print0 | xargs -0 -r cp -n -t $base/gw$w/
+    mkdir -p $base/gw$w && find $base -maxdepth 1 -type f -print0 | xargs -0 -r cp --update=none -t $base/gw$w/
   done
   OMNIA_TEST_PTX_CACHE=$base timeout $limit python3 -m pytest -q -m cuda -p no:cacheprovider -n $jobs -rf \
     tests/test_kernels_cuda.py "$@" > $out 2>&1
   local rc=$?
   for w in $(seq 0 $((jobs - 1))); do
-    find $base/gw$w -maxdepth 1 -type f -print0 | xargs -0 -r cp -n -t $base/; rm -rf $base/gw$w
+    find $base/gw$w -maxdepth 1 -type f -print0 | xargs -0 -r cp --update=none -t $base/; rm -rf $base/gw$w
   done
   return $rc
 }
@@ -155,7 +155,9 @@ elif [ "$1" = Y ]; then
 elif [ "$1" = K ]; then
   # GPU time per kernel of one decode step (ncu, kernels serialized): the MoE's and the dense
   # 4-bit / bf16 step, 2 layers each, with the chained launches
-  for m in "q4 qwen3-30b-a3b 2" "q4 qwen3-30b-a3b 2 unchained" "q4 qwen3-4b 2" "bf16 qwen3-4b 2"; do
+  # KM: which of them (default all four), e.g. KM="q4_qwen3-30b-a3b_2 q4_qwen3-4b_2"
+  for m in ${KM:-q4_qwen3-30b-a3b_2 q4_qwen3-30b-a3b_2_unchained q4_qwen3-4b_2 bf16_qwen3-4b_2}; do
+    m=$(echo $m | tr _ ' ')
     tag=$(echo $m | tr ' ' _); set -- $m
     chained=1; [ "$4" = unchained ] && chained=0
     OMNIA_CHAINED_KERNELS=$chained timeout ${KT:-150} $NCU --clock-control none \

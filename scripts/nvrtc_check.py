@@ -26,7 +26,7 @@ import mlx.core as mx
 
 C_TYPES = {
     mx.bfloat16: "__nv_bfloat16", mx.float16: "__half", mx.float32: "float",
-    mx.int32: "int", mx.uint32: "unsigned int", mx.uint8: "unsigned char",
+    mx.int32: "int", mx.uint32: "unsigned int", mx.uint8: "unsigned char", mx.int64: "long long",
 }
 
 

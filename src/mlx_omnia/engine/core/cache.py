@@ -4,7 +4,13 @@
 attention exactly the filled rows. `StaticKVCache` is what a compiled decode step runs on: the
 buffers and the offset are arrays in `state` (a compiled function's implicit inputs and
 outputs), so one traced step serves every position until the buffer grows; attention then sees
-the whole buffer and a mask of the filled rows."""
+the whole buffer and a mask of the filled rows.
+
+The static offset is an int32 array of OFFSET_SLOTS copies of the offset, not a 0-d array: MLX's
+CUDA allocator (0.32) serves arrays of 8 bytes or less from one pool of managed memory advised
+read-mostly, shared with every other scalar, so a kernel writing the next offset there
+invalidates the page and a read of an offset cost 3-7 us per layer (H200, 2026-12-03,
+scripts/h200_attention_trace.py). 16 bytes come from ordinary device-resident buffers."""
 
 from __future__ import annotations
 
@@ -13,6 +19,12 @@ from typing import Literal
 import mlx.core as mx
 
 Mask = mx.array | Literal["causal"] | None
+OFFSET_SLOTS = 4  # the static offset's width: 16 bytes, past MLX's small-array pool on CUDA
+
+
+def offset_array(offset: int) -> mx.array:
+    """A static cache's offset: OFFSET_SLOTS int32 copies of it."""
+    return mx.full((OFFSET_SLOTS,), offset, dtype=mx.int32)
 
 
 def visibility(q_start: mx.array | int, queries: int, keys: int, window: int | None) -> mx.array:
@@ -78,7 +90,7 @@ class StaticKVCache:
         self.state: dict[str, mx.array] = {
             "keys": keys,
             "values": values,
-            "offset": mx.array(length, dtype=mx.int32),
+            "offset": offset_array(length),
         }
         self._start = self.state["offset"]
 
@@ -93,7 +105,7 @@ class StaticKVCache:
         if cache.keys is None or cache.values is None:
             raise ValueError("fill the cache (prefill) before making it static")
         self.state["keys"], self.state["values"] = cache.keys, cache.values
-        self.state["offset"] = mx.array(cache.offset, dtype=mx.int32)
+        self.state["offset"] = offset_array(cache.offset)
         self._start = self.state["offset"]
 
     def drop(self) -> None:
@@ -118,22 +130,23 @@ class StaticKVCache:
 
     @property
     def offset(self) -> mx.array:
-        return self.state["offset"]
+        """The offset, 0-d (a view of the state's first slot)."""
+        return self.state["offset"][0]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         start = self.state["offset"]
         self._start = start
-        self.state["keys"] = mx.slice_update(self.state["keys"], keys, start[None], axes=(2,))
-        self.state["values"] = mx.slice_update(self.state["values"], values, start[None], axes=(2,))
+        self.state["keys"] = mx.slice_update(self.state["keys"], keys, start[:1], axes=(2,))
+        self.state["values"] = mx.slice_update(self.state["values"], values, start[:1], axes=(2,))
         self.state["offset"] = start + keys.shape[2]
         return self.state["keys"], self.state["values"]
 
     def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
-        return visibility(self._start, queries, keys, window)
+        return visibility(self._start[0], queries, keys, window)
 
     def advance(self, start: mx.array, following: mx.array | None = None) -> None:
-        """Record one row written at `start` by a kernel that updates the buffers in place;
-        `following` is start + 1 when the kernel computed it."""
+        """Record one row written at `start` (the state's offset array) by a kernel that updates
+        the buffers in place; `following` is start + 1 when the kernel computed it (every slot)."""
         self._start = start
         self.state["offset"] = start + 1 if following is None else following
 

@@ -17,6 +17,14 @@ from typing import Any, cast
 import mlx.core as mx
 
 
+def launch_counters(n: int) -> mx.array:
+    """n int32 zeros (at least 4) for a kernel's in-place counters. MLX's CUDA allocator (0.32)
+    serves arrays of 8 bytes or less from one pool of managed memory advised read-mostly, where
+    a kernel's write invalidates the page for every other scalar in it: 16 bytes or more come
+    from ordinary device-resident buffers (see core/cache.py)."""
+    return mx.zeros((max(n, 4),), dtype=mx.int32)
+
+
 def cuda_backend() -> bool:
     """True when MLX runs on its CUDA backend (an NVIDIA GPU is the default device)."""
     return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu

@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_omnia.engine.core.cache import StaticKVCache
-from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
     AttentionStepSpec,
     launcher,
@@ -89,7 +89,7 @@ def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
     inv_freq = inverse_frequencies(decl)
     # The kernel's slice counters, one per kv head: zero between launches (the last block of a
     # kv head resets its own); owned by this binding, written in place.
-    counters = mx.zeros((decl.n_kv_heads,), dtype=mx.int32)
+    counters = launch_counters(decl.n_kv_heads)
     evaluate(counters)
     calls: dict[
         tuple[mx.Dtype, int, tuple[int, ...]],
@@ -168,8 +168,8 @@ def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.ar
     attention = decl.attention
     inv_freq = inverse_frequencies(attention)
     # Both counter arrays are written in place and left zero by each launch: owned here.
-    heads = mx.zeros((attention.n_kv_heads,), dtype=mx.int32)
-    counters = mx.zeros((3,), dtype=mx.int32)
+    heads = launch_counters(attention.n_kv_heads)
+    counters = launch_counters(3)
     evaluate(heads, counters)
     calls: dict[
         tuple[int, tuple[int, ...]], Callable[[list[mx.array]], tuple[mx.array, mx.array]]

@@ -10,7 +10,8 @@ inputs, never from the cache (no block reads a row another block writes); the bl
 holds it stores it in the cache. The last block of a kv head to finish (a counter per kv head,
 reset by that block) merges the slices' partial outputs. Slices past the new row write nothing,
 so the grid depends on the capacity only, never on the length: one traced step serves every
-position. The new offset is an output of the launch too.
+position. The new offset is an output of the launch too (every slot of the static cache's
+offset array, core/cache.py).
 
 The cache buffers and the counters are written in place: they must be owned by the cache and
 the binding alone, and every reader runs on the same stream after this launch."""
@@ -25,6 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlx_omnia.engine.core.cache import OFFSET_SLOTS
 from mlx_omnia.engine.core.kernels import cuda_kernel
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, flag
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
@@ -79,7 +81,7 @@ __device__ __forceinline__ void attention_step(
   const int pos = pos_p[0];
   const int t0 = split * KPB;
   const int n = min(KPB, pos + 1 - t0);  // keys of this slice (<= 0: nothing to do)
-  if (block == 0 && tid == 0) next_pos[0] = pos + 1;
+  if (block == 0 && tid < @OFFSET_SLOTS@) next_pos[tid] = pos + 1;  // every slot (core/cache.py)
   if (n <= 0) return;
   T* kc = const_cast<T*>(k_cache) + (size_t)kvh * cap * D;
   T* vc = const_cast<T*>(v_cache) + (size_t)kvh * cap * D;
@@ -277,60 +279,91 @@ __device__ __forceinline__ void attention_step(
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int i = tid; i < G * active; i += NT) {
-    const int g = i / active, sp = i % active;
-    buf[i] = __ldcg(&part_ml[((size_t)sp * H + kvh * G + g) * 2]);
+  // Merge weights: each warp takes its heads (g = warp + h * NW); a lane reads (m, l) of slices
+  // lane, lane + 32, ... (the first 32 of every head of the warp requested at once), the
+  // weights exp(m - max) go to buf[g * active + slice] and the head's sum of l * weight to stat.
+  constexpr int GPW = (G + NW - 1) / NW;
+  float2 ml0[GPW];
+#pragma unroll
+  for (int h = 0; h < GPW; ++h) {
+    const int g = warp + h * NW;
+    ml0[h] = make_float2(-omnia_inf(), 0.f);
+    if (g < G && lane < active)
+      ml0[h] = __ldcg(reinterpret_cast<const float2*>(part_ml + ((size_t)lane * H + kvh * G + g) * 2));
   }
-  __syncthreads();
-  for (int g = warp; g < G; g += NW) {
-    float m = -omnia_inf();
-    for (int sp = lane; sp < active; sp += 32) m = fmaxf(m, buf[g * active + sp]);
+#pragma unroll
+  for (int h = 0; h < GPW; ++h) {
+    const int g = warp + h * NW;
+    if (g >= G) continue;  // uniform over the warp
+    const float* ml = part_ml + (size_t)(kvh * G + g) * 2;
+    float* wg = buf + g * active;
+    float m = ml0[h].x;
+    for (int sp = lane + 32; sp < active; sp += 32) {
+      const float v = __ldcg(ml + (size_t)sp * H * 2);
+      wg[sp] = v;
+      m = fmaxf(m, v);
+    }
     m = warp_max(m);
     float l = 0.f;
-    for (int sp = lane; sp < active; sp += 32) {
-      const float w = __expf(buf[g * active + sp] - m);
-      l = fmaf(__ldcg(&part_ml[((size_t)sp * H + kvh * G + g) * 2 + 1]), w, l);
-      buf[g * active + sp] = w;
+    if (lane < active) {
+      const float w = __expf(ml0[h].x - m);
+      l = fmaf(ml0[h].y, w, l);
+      wg[lane] = w;
+    }
+    for (int sp = lane + 32; sp < active; sp += 32) {
+      const float w = __expf(wg[sp] - m);
+      l = fmaf(__ldcg(ml + (size_t)sp * H * 2 + 1), w, l);
+      wg[sp] = w;
     }
     l = warp_sum(l);
     if (lane == 0) stat[g][1] = l;
   }
   __syncthreads();
-  // Each thread owns 4 neighbouring outputs and reads their partials 8 slices at a time, so
-  // 8 independent 16-byte loads are in flight per thread (the merge is latency bound).
+  // Each thread owns OUT4 groups of 4 neighbouring outputs and reads their partials SB slices
+  // at a time, every load of a batch in flight together (16 per thread; past the last slice
+  // they read nothing and weigh 0): the merge is latency bound.
+  constexpr int F4 = G * D / 4, OUT4 = (F4 + NT - 1) / NT, SB = 16 / OUT4;
+  static_assert(OUT4 >= 1 && OUT4 <= 2, "merge geometry");
   constexpr size_t STRIDE4 = (size_t)H * D / 4;
   const float4* po4 = reinterpret_cast<const float4*>(part_o + (size_t)kvh * G * D);
-  for (int i4 = tid; i4 < G * D / 4; i4 += NT) {
-    const int g = i4 / (D / 4);
-    const float* wg = buf + g * active;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    int sp = 0;
-    for (; sp + 8 <= active; sp += 8) {
-      float4 v[8];
+  float4 acc[OUT4];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = __ldcg(po4 + (size_t)(sp + u) * STRIDE4 + i4);
+  for (int o = 0; o < OUT4; ++o) acc[o] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int sp0 = 0; sp0 < active; sp0 += SB) {
+    float4 v[OUT4][SB];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const float w = wg[sp + u];
-        acc.x = fmaf(v[u].x, w, acc.x); acc.y = fmaf(v[u].y, w, acc.y);
-        acc.z = fmaf(v[u].z, w, acc.z); acc.w = fmaf(v[u].w, w, acc.w);
+    for (int o = 0; o < OUT4; ++o) {
+      const int i4 = tid + o * NT;
+#pragma unroll
+      for (int u = 0; u < SB; ++u) {
+        v[o][u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i4 < F4 && sp0 + u < active) v[o][u] = __ldcg(po4 + (size_t)(sp0 + u) * STRIDE4 + i4);
       }
     }
-    for (; sp < active; ++sp) {
-      const float4 v = __ldcg(po4 + (size_t)sp * STRIDE4 + i4);
-      const float w = wg[sp];
-      acc.x = fmaf(v.x, w, acc.x); acc.y = fmaf(v.y, w, acc.y);
-      acc.z = fmaf(v.z, w, acc.z); acc.w = fmaf(v.w, w, acc.w);
+#pragma unroll
+    for (int o = 0; o < OUT4; ++o) {
+      const float* wg = buf + min((tid + o * NT) / (D / 4), G - 1) * active;
+#pragma unroll
+      for (int u = 0; u < SB; ++u) {
+        const float w = sp0 + u < active ? wg[sp0 + u] : 0.f;
+        acc[o].x = fmaf(v[o][u].x, w, acc[o].x); acc[o].y = fmaf(v[o][u].y, w, acc[o].y);
+        acc[o].z = fmaf(v[o][u].z, w, acc[o].z); acc[o].w = fmaf(v[o][u].w, w, acc[o].w);
+      }
     }
-    const float l = stat[g][1];
-    T* o = out + kvh * G * D + i4 * 4;
-    o[0] = from_f<T>(acc.x / l); o[1] = from_f<T>(acc.y / l);
-    o[2] = from_f<T>(acc.z / l); o[3] = from_f<T>(acc.w / l);
+  }
+#pragma unroll
+  for (int o = 0; o < OUT4; ++o) {
+    const int i4 = tid + o * NT;
+    if (i4 >= F4) continue;
+    const float l = stat[i4 / (D / 4)][1];
+    T* dst = out + kvh * G * D + i4 * 4;
+    dst[0] = from_f<T>(acc[o].x / l); dst[1] = from_f<T>(acc[o].y / l);
+    dst[2] = from_f<T>(acc[o].z / l); dst[3] = from_f<T>(acc[o].w / l);
   }
 }
 
 }  // namespace omnia
-""".replace("@MAX_SLICES@", str(MAX_SLICES))
+""".replace("@MAX_SLICES@", str(MAX_SLICES)).replace("@OFFSET_SLOTS@", str(OFFSET_SLOTS))
 ATTENTION_HEADER = HEADER + ATTENTION_DEVICE
 
 
@@ -401,10 +434,11 @@ def attention_call(spec: AttentionStepSpec, *, block: str = "blockIdx.x", cohere
 
 
 def output_shapes(spec: AttentionStepSpec, lead: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """part_o, part_ml, out, next_pos. next_pos is 0-d, the cache offset's own shape: a reshape
-    after the launch would be one more primitive per layer and token for MLX to dispatch."""
+    """part_o, part_ml, out, next_pos. next_pos has the static cache offset's own shape
+    (OFFSET_SLOTS copies): a reshape after the launch would be one more primitive per layer and
+    token for MLX to dispatch."""
     h, d = spec.n_heads, spec.head_dim
-    return [(spec.slices, h, d), (spec.slices, h, 2), (*lead, h * d), ()]
+    return [(spec.slices, h, d), (spec.slices, h, 2), (*lead, h * d), (OFFSET_SLOTS,)]
 
 
 def output_dtypes(spec: AttentionStepSpec) -> list[mx.Dtype]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
 from mlx_omnia.engine.core.kernels.moe.cuda import (
     ExpertsSpec,
@@ -255,7 +255,7 @@ def chain_build(decl: DownCombine) -> Callable[..., mx.array]:
     specs: dict[tuple[int, bool], tuple[ExpertsSpec, ExpertsSpec] | None] = {}
     # the chained launch's tickets and counts, zero between launches (the last block zeroes them);
     # written in place, so owned here: one array per declaration
-    counters = mx.zeros((3,), dtype=mx.int32)
+    counters = launch_counters(3)
     evaluate(counters)
 
     def chained(
@@ -318,7 +318,7 @@ def project_route_build(
     separate = decl.reference()
     # the launch's tickets and count, zero between launches (its last block zeroes them);
     # written in place, so owned here: one array per declaration
-    counters = mx.zeros((3,), dtype=mx.int32)
+    counters = launch_counters(3)
     evaluate(counters)
 
     def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:

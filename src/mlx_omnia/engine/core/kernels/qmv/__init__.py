@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.kernels import cuda_backend
+from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     QmvSpec,
     chained_fits,
@@ -183,7 +183,7 @@ def chained_build(decl: ChainedProjections) -> Callable[[mx.array, mx.array], tu
     separate = decl.reference()
     # the launch's tickets and counts, zero between launches (its last block zeroes them);
     # written in place, so owned here: one array per declaration
-    counters = mx.zeros((3,), dtype=mx.int32)
+    counters = launch_counters(3)
     evaluate(counters)
 
     def chained(a: mx.array, residual: mx.array) -> tuple[mx.array, ...]:
