@@ -40,7 +40,7 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import (
 )
 from mlx_omnia.engine.core.kernels.qmv.cuda import spec_fits as qmv_fits
 
-MAX_SLICES = 1024  # slices one merge can take (its weights sit in shared memory)
+MAX_SLICES = 640  # slices one merge can take (its weights sit in shared memory): 40960 rows
 THREADS = 128      # a block's threads (NT in the kernel)
 
 ATTENTION_DEVICE = r"""
@@ -67,12 +67,12 @@ __device__ __forceinline__ void attention_step(
   constexpr int SLOTS = NT / CH;     // keys the block holds at once
   constexpr int ITER = KPB / SLOTS;  // keys per thread
   constexpr int MAXS = @MAX_SLICES@;
-  constexpr int BUF = SLOTS * G * D > G * MAXS ? SLOTS * G * D : G * MAXS;
+  constexpr int BUF = NW * G * D > G * MAXS ? NW * G * D : G * MAXS;
   static_assert(KPB % SLOTS == 0 && (CH & (CH - 1)) == 0 && CH <= 32, "geometry");
   __shared__ __align__(16) float hs[G + 1][D];  // rotated query heads, then the rotated new key
   __shared__ float p[G][KPB];
   __shared__ float stat[G][2];
-  __shared__ __align__(16) float buf[BUF];      // per-slot outputs, then the merge weights
+  __shared__ __align__(16) float buf[BUF];      // per-warp outputs, then the merge weights
   __shared__ int last;
   const int slices = cap / KPB;
   const int kvh = block / slices, split = block % slices;
@@ -226,11 +226,13 @@ __device__ __forceinline__ void attention_step(
     if (lane == 0) { stat[g][0] = m; stat[g][1] = l; }
   }
   __syncthreads();
-  // Values: each thread accumulates its 8 dimensions over its keys; the slots meet in `buf`.
-  {
-    float o[G][8];
+  // Values: each thread accumulates its 8 dimensions over its keys, GH heads at a time (fewer
+  // registers); the slots of a warp meet through shuffles, the warps in `buf`.
+  constexpr int GH = G < 4 ? G : 4;
+  for (int g0 = 0; g0 < G; g0 += GH) {
+    float o[GH][8];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < GH; ++g) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
     }
@@ -241,25 +243,36 @@ __device__ __forceinline__ void attention_step(
         float vf[8];
         unpack8<T>(vr[u], vf);
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float pg = p[g][r];
+        for (int g = 0; g < GH; ++g) {
+          const float pg = g0 + g < G ? p[g0 + g][r] : 0.f;
 #pragma unroll
           for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pg, vf[e], o[g][e]);
         }
       }
     }
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float4* dst = reinterpret_cast<float4*>(&buf[(slot * G + g) * D + c * 8]);
-      dst[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
-      dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
+    for (int g = 0; g < GH; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+#pragma unroll
+        for (int off = CH; off < 32; off <<= 1) o[g][e] += __shfl_xor_sync(0xFFFFFFFFu, o[g][e], off);
+      }
+    }
+    if (lane < CH) {
+#pragma unroll
+      for (int g = 0; g < GH; ++g) {
+        if (g0 + g >= G) continue;
+        float4* dst = reinterpret_cast<float4*>(&buf[(warp * G + g0 + g) * D + c * 8]);
+        dst[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
+        dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
+      }
     }
   }
   __syncthreads();
   for (int i = tid; i < G * D; i += NT) {
     float acc = 0.f;
 #pragma unroll
-    for (int sl = 0; sl < SLOTS; ++sl) acc += buf[sl * G * D + i];
+    for (int w = 0; w < NW; ++w) acc += buf[w * G * D + i];
     part_o[((size_t)split * H + kvh * G) * D + i] = acc;
   }
   if (tid < G) {
@@ -492,8 +505,7 @@ STATIC_SMEM = 48 * 1024  # a block's static shared memory
 def attention_smem(spec: AttentionStepSpec) -> int:
     """Bytes of the attention device function's static shared memory (hs, p, stat, buf, last)."""
     g, d, kpb = spec.n_heads // spec.n_kv_heads, spec.head_dim, spec.keys_per_block
-    slots = THREADS // (d // 8)
-    buf = max(slots * g * d, g * MAX_SLICES)
+    buf = max(THREADS // 32 * g * d, g * MAX_SLICES)
     return 4 * ((g + 1) * d + g * kpb + 2 * g + buf + 1)
 
 
