@@ -41,7 +41,7 @@ MARKS = [  # (text the stamp goes after, its name)
     ("  __syncthreads();\n  if (pos < t0 + KPB) {", "norm+rope"),
     ("      for (int g = 0; g < G; ++g) p[g][r] = sc[g] * scale;\n    }\n  }\n  __syncthreads();\n", "scores"),
     ("    if (lane == 0) { stat[g][0] = m; stat[g][1] = l; }\n  }\n  __syncthreads();\n", "softmax"),
-    ("      dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);\n    }\n  }\n  __syncthreads();\n", "values"),
+    ("        dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);\n      }\n    }\n  }\n  __syncthreads();\n", "values"),
     ("    part_ml[((size_t)split * H + kvh * G + tid) * 2 + 1] = stat[tid][1];\n  }\n", "partials stored"),
     ("  __syncthreads();\n  if (!last) return;\n", "counted"),
     ("    if (lane == 0) stat[g][1] = l;\n  }\n  __syncthreads();\n", "merge: weights"),
