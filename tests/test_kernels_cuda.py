@@ -574,8 +574,9 @@ def test_project_attend_equals_projections_then_attention(
     """ProjectAttend (q/k/v after the norm, then the attention of them, one launch: the
     attention's blocks load their cached rows, then wait for the q/k/v blocks) writes exactly
     what the q/k/v launch (with the attention's block size) followed by the attention launch
-    write, launch after launch (both counter arrays return to zero), cache included; the
-    output matches the core attention of those q, k, v within the attention test's bound."""
+    write, launch after launch (both counter arrays return to zero), cache included; its q/k/v
+    phase's launch shape gives the projections' own launch's bits; the output matches the
+    core attention of those q, k, v within the attention test's bound."""
     from mlx_omnia.engine.core.kernels.attention_step import attention_spec
     from mlx_omnia.engine.core.kernels.attention_step.cuda import attend_qkv_spec
     from mlx_omnia.engine.core.kernels.attention_step.cuda import launcher as attention_launcher
@@ -608,6 +609,10 @@ def test_project_attend_equals_projections_then_attention(
         got = decl(x, mine)
         weights = [a for m in mats for a in ([m.weight] if m.bits is None else [m.weight, m.scales, m.biases])]
         q, k, v = launcher(attend_qkv_spec(spec), (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
+        # the chained phase's launch shape (attend_qkv_spec) sums each row as the q/k/v
+        # projections' own launch does: chained and unchained decode write the same bits
+        alone = launcher(spec, (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
+        assert all(rel_err(a, b) == 0.0 for a, b in zip((q, k, v), alone, strict=True)), step
         pos = theirs.state["offset"]
         want, following = attention_launcher(attention_spec(att, dtype, theirs.capacity), (1, 1))(
             [q, k, v, *inputs_of_attention, inv_freq, theirs.state["keys"],

@@ -511,9 +511,16 @@ def attention_smem(spec: AttentionStepSpec) -> int:
 
 def attend_qkv_spec(qkv: QmvSpec) -> QmvSpec:
     """The q/k/v projection as the first phase of a launch of the attention's block size: its
-    own launch but with THREADS / 32 warps (any warp count computes the same sums)."""
+    own launch but with THREADS / 32 warps, and for quantized weights two rows a lane group
+    (half the blocks: Qwen3-30B-A3B's 640 + 96 blocks did not fit one wave of the H200 at 4
+    blocks an SM, so the attention's blocks started only as projection blocks ended; ncu,
+    2026-12-04). Warps and rows a group leave each row's sums as they are: only the lanes a
+    row takes split it."""
     cfg = qkv.config
-    return replace(qkv, launch=Launch(lanes=cfg.lanes, rows=cfg.rows, warps=THREADS // 32,
+    rows = cfg.rows
+    if qkv.bits is not None and rows == 1 and all(n % 2 == 0 for n in qkv.rows):
+        rows = 2
+    return replace(qkv, launch=Launch(lanes=cfg.lanes, rows=rows, warps=THREADS // 32,
                                       unroll=cfg.unroll, prefetch=cfg.prefetch, loop=cfg.loop))
 
 
