@@ -575,7 +575,7 @@ def test_project_attend_equals_projections_then_attention(
     attention's blocks load their cached rows, then wait for the q/k/v blocks) writes exactly
     what the q/k/v launch (with the attention's block size) followed by the attention launch
     write, launch after launch (both counter arrays return to zero), cache included; its q/k/v
-    phase's launch shape gives the projections' own launch's bits; the output matches the
+    phase's two rows a lane group give one row's bits; the output matches the
     core attention of those q, k, v within the attention test's bound."""
     from mlx_omnia.engine.core.kernels.attention_step import attention_spec
     from mlx_omnia.engine.core.kernels.attention_step.cuda import attend_qkv_spec
@@ -609,9 +609,11 @@ def test_project_attend_equals_projections_then_attention(
         got = decl(x, mine)
         weights = [a for m in mats for a in ([m.weight] if m.bits is None else [m.weight, m.scales, m.biases])]
         q, k, v = launcher(attend_qkv_spec(spec), (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
-        # the chained phase's launch shape (attend_qkv_spec) sums each row as the q/k/v
-        # projections' own launch does: chained and unchained decode write the same bits
-        alone = launcher(spec, (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
+        # two rows a lane group (attend_qkv_spec, quantized weights) sum each row as one does
+        # (the warp count alone may not: the norm's partial sums are per warp)
+        first = attend_qkv_spec(spec)
+        one_row = replace(first, launch=replace(first.config, rows=1))
+        alone = launcher(one_row, (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
         assert all(rel_err(a, b) == 0.0 for a, b in zip((q, k, v), alone, strict=True)), step
         pos = theirs.state["offset"]
         want, following = attention_launcher(attention_spec(att, dtype, theirs.capacity), (1, 1))(

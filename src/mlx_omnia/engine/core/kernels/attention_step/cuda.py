@@ -514,8 +514,8 @@ def attend_qkv_spec(qkv: QmvSpec) -> QmvSpec:
     own launch but with THREADS / 32 warps, and for quantized weights two rows a lane group
     (half the blocks: Qwen3-30B-A3B's 640 + 96 blocks did not fit one wave of the H200 at 4
     blocks an SM, so the attention's blocks started only as projection blocks ended; ncu,
-    2026-12-04). Warps and rows a group leave each row's sums as they are: only the lanes a
-    row takes split it."""
+    2026-12-04). Two rows a group leave each row's sums as they are; the warp count orders
+    the norm's partial sums (k = 2560 on the H200: not the q/k/v launch's own bits)."""
     cfg = qkv.config
     rows = cfg.rows
     if qkv.bits is not None and rows == 1 and all(n % 2 == 0 for n in qkv.rows):
