@@ -541,11 +541,14 @@ def chain_launcher(
 
 def chained_router(router: QmvSpec, n_experts: int, warps: int) -> QmvSpec:
     """The router GEMV as the one block of a chained launch whose blocks have `warps` warps:
-    routed_qmv's lanes per row, and as many sets of rows per block (qmv's loop) as cover the
-    experts."""
+    routed_qmv's lanes per row, two rows a lane group (128 experts in one set instead of two
+    after another; 4 chunks a row requested before the wait, 8 a lane as before: 123 -> 80
+    registers for the 4-bit launch, which the projection's blocks share), and as many sets of
+    rows (qmv's loop) as cover the experts."""
     lanes = routed_qmv(router, n_experts).config.lanes
-    per_set = warps * (32 // lanes)
-    return replace(router, launch=Launch(lanes=lanes, rows=1, warps=warps, unroll=2, prefetch=8,
+    rows = 2 if n_experts % 2 == 0 else 1
+    per_set = warps * (32 // lanes) * rows
+    return replace(router, launch=Launch(lanes=lanes, rows=rows, warps=warps, unroll=2, prefetch=4,
                                          loop=-(-n_experts // per_set)))
 
 
