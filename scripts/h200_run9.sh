@@ -8,6 +8,7 @@
 # P: nsys host profile (NVTX per primitive, CUDA API) of the MoE and 4-bit dense step.
 # K: GPU time per kernel (ncu) of one decode step: MoE 4-bit (chained and not), dense 4-bit and
 #    bf16, 2 layers each.
+# O: ncu sections (occupancy, waves, warp states) of the MoE's chained launches (OK: kernel regex).
 # R ["BENCH ARGS"]: this tree against .bench-ref (omnia-bench paired; default qwen3-4b 4-bit).
 # L: prefill at a 4096-token prompt, bf16 and 4-bit qwen3-4b.
 # C: the MoE bench (qwen3-30b-a3b, 4-bit, written quantized) against mlx-lm.
@@ -167,6 +168,13 @@ elif [ "$1" = K ]; then
     { python3 scripts/h200_profile.py report /tmp/ncu_$tag.csv 2 $full; tail -3 /tmp/ncu_$tag.err; } 2>&1 \
       | tee $OUT/ncu_$tag.txt
   done
+elif [ "$1" = O ]; then
+  # occupancy, waves, warp states of the MoE's chained launches (ncu sections, 2 layers)
+  timeout ${OT:-300} $NCU --clock-control none --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+    --kernel-name regex:"${OK:-project_attend|experts_chain|project_route}" --launch-count 3 \
+    python3 scripts/h200_profile.py run q4 qwen3-30b-a3b 2 > $OUT/ncu_sections.txt 2>&1
+  grep -v "^==PROF==" $OUT/ncu_sections.txt | grep -E "custom_kernel|Duration|Registers Per|Occupancy|Block Limit|Eligible|Waves|Grid Size|Throughput" | cut -c1-150
 elif [ "$1" = R ]; then
   # this tree against the one in .bench-ref (`mkdir -p .bench-ref && git archive REV src | tar -x
   # -C .bench-ref` here, then carry it): omnia-bench paired, each arm in its own process
