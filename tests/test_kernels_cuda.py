@@ -591,6 +591,8 @@ def test_project_attend_equals_projections_then_attention(
     assert decl.bind() == "project_attend_cuda"
     spec = projections_spec(qkv)
     assert spec is not None
+    first = attend_qkv_spec(spec)  # the q/k/v phase's launch shape
+    one_row = replace(first, launch=replace(first.config, rows=1))
     core = att.reference()
 
     def prefilled() -> StaticKVCache:
@@ -608,11 +610,9 @@ def test_project_attend_equals_projections_then_attention(
         x = (2 * mx.random.normal((1, 1, k_in))).astype(dtype)
         got = decl(x, mine)
         weights = [a for m in mats for a in ([m.weight] if m.bits is None else [m.weight, m.scales, m.biases])]
-        q, k, v = launcher(attend_qkv_spec(spec), (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
+        q, k, v = launcher(first, (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
         # two rows a lane group (attend_qkv_spec, quantized weights) sum each row as one does
         # (the warp count alone may not: the norm's partial sums are per warp)
-        first = attend_qkv_spec(spec)
-        one_row = replace(first, launch=replace(first.config, rows=1))
         alone = launcher(one_row, (1, 1))([x, *weights, qkv.norm.weight])  # type: ignore[union-attr]
         assert all(rel_err(a, b) == 0.0 for a, b in zip((q, k, v), alone, strict=True)), step
         pos = theirs.state["offset"]
