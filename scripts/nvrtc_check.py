@@ -253,7 +253,7 @@ def build_project_route() -> None:
                     continue
                 inputs = [mx.zeros((k_in,), dtype=dtype), *mats(hidden, k_in, bits, group, dtype),
                           mx.zeros((hidden,), dtype=dtype), *mats(e, hidden, bits, group, dtype),
-                          mx.zeros((hidden,), dtype=dtype), mx.zeros((3,), dtype=mx.int32)]
+                          mx.zeros((hidden,), dtype=dtype), mx.zeros((4,), dtype=mx.int32)]
                 project_route_launcher(project, route, router)(inputs)
 
 

@@ -316,9 +316,10 @@ def project_route_build(
     assert specs is not None and router is not None
     project, width = specs[0], specs[2].k
     separate = decl.reference()
-    # the launch's tickets and count, zero between launches (its last block zeroes them);
-    # written in place, so owned here: one array per declaration
-    counters = launch_counters(3)
+    # the launch's tickets and counts (the chain's three and the router blocks' one), zero
+    # between launches (their last blocks zero them); written in place, so owned here: one
+    # array per declaration
+    counters = launch_counters(4)
     evaluate(counters)
 
     def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:

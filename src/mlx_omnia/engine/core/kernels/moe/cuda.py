@@ -57,7 +57,7 @@ __device__ __forceinline__ void dense_chunk(const T* xs, int row, int c, float* 
 
 // ORDER 0: softmax over every expert, top k of the probabilities (NORMALIZE: divided by their
 // sum); ORDER 1: top k of the logits, softmax over those k.
-template <typename T, int E, int TOPK, int ORDER, bool NORMALIZE>
+template <typename T, int E, int TOPK, int ORDER, bool NORMALIZE, bool CG = false>
 __device__ __forceinline__ void route(const T* logits, T* weights, unsigned int* ids) {
   constexpr int PER = (E + 31) / 32;
   const int lane = threadIdx.x & 31;
@@ -66,7 +66,11 @@ __device__ __forceinline__ void route(const T* logits, T* weights, unsigned int*
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < E ? to_f<T>(logits[e]) : -omnia_inf();
+    if constexpr (CG) {
+      v[i] = e < E ? to_f<T>(__ldcg(logits + e)) : -omnia_inf();
+    } else {
+      v[i] = e < E ? to_f<T>(logits[e]) : -omnia_inf();
+    }
     m = fmaxf(m, v[i]);
   }
   m = warp_max(m);
@@ -540,16 +544,16 @@ def chain_launcher(
 
 
 def chained_router(router: QmvSpec, n_experts: int, warps: int) -> QmvSpec:
-    """The router GEMV as the one block of a chained launch whose blocks have `warps` warps:
-    routed_qmv's lanes per row, two rows a lane group (128 experts in one set instead of two
-    after another; 4 chunks a row requested before the wait, 8 a lane as before: 123 -> 80
-    registers for the 4-bit launch, which the projection's blocks share), and as many sets of
-    rows (qmv's loop) as cover the experts."""
-    lanes = routed_qmv(router, n_experts).config.lanes
-    rows = 2 if n_experts % 2 == 0 else 1
-    per_set = warps * (32 // lanes) * rows
-    return replace(router, launch=Launch(lanes=lanes, rows=rows, warps=warps, unroll=2, prefetch=4,
-                                         loop=-(-n_experts // per_set)))
+    """The router GEMV as the second phase of a chained launch whose blocks have `warps` warps:
+    the most lanes a row (of 32, 16, 8, 4) that leave no lane without a chunk, one row a lane
+    group, and every chunk of a lane requested before the wait (at most 16), so the rows spread
+    over several blocks (qwen3-30b-a3b: 16 blocks of 8 rows, 2 chunks a lane). Until 2026-12-04
+    one block computed all the rows with routed_qmv's 4 lanes a row, 64 chunks a lane one after
+    another: 10.4 us of the launch's 15.7 (globaltimer trace, H200)."""
+    chunks = router.k // (8 if router.bits is None else 128 // router.bits)
+    lanes = next((n for n in (32, 16, 8) if chunks >= n), 4)
+    return replace(router, launch=Launch(lanes=lanes, rows=1, warps=warps, unroll=2,
+                                         prefetch=min(16, -(-chunks // lanes)), loop=1))
 
 
 def project_route_fits(project: QmvSpec, route: RouteSpec, router: QmvSpec) -> bool:
@@ -574,14 +578,15 @@ def project_route_launcher(
     project: QmvSpec, route: RouteSpec, router: QmvSpec, lead: tuple[int, ...] = ()
 ) -> Callable[[Sequence[mx.array]], tuple[mx.array, mx.array, mx.array]]:
     """(a [*lead, in], the projection's weights..., residual [*lead, out], the router's
-    weights..., norm weight [out]?, counters [3] int32 zeros) -> (h = residual + a @ P.T
+    weights..., norm weight [out]?, counters [4] int32 zeros) -> (h = residual + a @ P.T
     [*lead, out], routing weights [*lead, k], ids [*lead, k] uint32), in one launch: the
-    projection's qmv blocks (tickets below NB1), then one block that waits for them, computes
-    the router logits of h (RMS-normalized when the router declares its norm; an output too)
-    and routes them. The counters are written in place and left zero."""
+    projection's qmv blocks (tickets below NB1), then the router's blocks, which wait for
+    them and compute the router logits of h (RMS-normalized when the router declares its norm;
+    an output too); the last of those to finish (counters[3]) routes them. The counters are
+    written in place and left zero."""
     cfg = project.config
     chained = chained_router(router, route.n_experts, cfg.warps)
-    nb1 = blocks_of(project)
+    nb1, nb2 = blocks_of(project), blocks_of(chained)
     quant_p, quant_r = project.bits is not None, router.bits is not None
     norm = router.norm_eps is not None
     names = ("a", "pw", *(("ps", "pb") if quant_p else ()), "res", "rw",
@@ -591,20 +596,25 @@ def project_route_launcher(
         nb1,
         project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
                                          "y0": "h"}),
-        chained.source(block="0", coherent=True,
+        chained.source(block=f"t - {nb1}", coherent=True,
                        names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"},
                        wait=chain_wait(nb1))
-        + "__threadfence_block();\n__syncthreads();\n"
-        f"if (threadIdx.x < 32) omnia::route<{t}, {route.n_experts}, {route.top_k}, "
-        f"{int(route.topk_first)}, {flag(route.normalize)}>(logits, weights, ids);\n",
-        1,
+        # the last router block to finish (counters[3], which it zeroes) routes every logit
+        + "__threadfence();\n__syncthreads();\n__shared__ int routes;\n"
+        f"if (threadIdx.x == 0) {{ routes = atomicAdd(count + 3, 1) == {nb2 - 1}; "
+        "if (routes) count[3] = 0; }\n"
+        "__syncthreads();\n"
+        "if (routes && threadIdx.x < 32) {\n  __threadfence();\n"
+        f"  omnia::route<{t}, {route.n_experts}, {route.top_k}, "
+        f"{int(route.topk_first)}, {flag(route.normalize)}, true>(logits, weights, ids);\n}}\n",
+        nb2,
     )
     kernel = cuda_kernel(f"omnia_project_route__{project.name()}__{route.name()}__{chained.name()}",
                          names, ("h", "logits", "weights", "ids"), source, MOE_HEADER)
     shapes = [(*lead, project.rows[0]), (route.n_experts,), (*lead, route.top_k),
               (*lead, route.top_k)]
     dtypes = [route.dtype, route.dtype, route.dtype, mx.uint32]
-    grid, threads = ((nb1 + 1) * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
+    grid, threads = ((nb1 + nb2) * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
 
     def call(inputs: Sequence[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
         out: Any = kernel(inputs=list(inputs), output_shapes=shapes, output_dtypes=dtypes,
