@@ -109,21 +109,23 @@ def main() -> None:
         spec = att.AttentionStepSpec(dtype=mx.bfloat16, n_heads=H, n_kv_heads=hkv, head_dim=D,
                                      capacity=cap, scale=D ** -0.5, q_eps=1e-6, k_eps=1e-6)
         nb = att.blocks(spec)
+        # the engine's launches keep the partials in a shared scratch; here they are outputs
+        parts = [(spec.slices, H, D), (spec.slices, H, 2)]
         body = att.attention_call(spec).replace("blockIdx.x);", "blockIdx.x, nullptr, 0, trace);")
         if chained:
             kernel, grid_blocks, make = project_attend(spec, header)
             qkv_inputs = [make() for _ in range(LAYERS)]  # per layer: weights not left in L2
-            shapes = [(1, 1, H * D), (1, 1, hkv * D), (1, 1, hkv * D),
+            shapes = [(1, 1, H * D), (1, 1, hkv * D), (1, 1, hkv * D), *parts,
                       *att.output_shapes(spec, (1, 1)), (nb, SLOTS)]
-            dtypes = [mx.bfloat16] * 3 + [*att.output_dtypes(spec), mx.int64]
+            dtypes = [mx.bfloat16] * 3 + [mx.float32, mx.float32, *att.output_dtypes(spec), mx.int64]
             chain_counters = [mx.zeros((4,), dtype=mx.int32) for _ in range(LAYERS)]
             mx.eval(qkv_inputs, chain_counters)
         else:
             kernel = cuda_kernel(f"omnia_attention_trace_{spec.tag()}", spec.input_names(),
                                  ("part_o", "part_ml", "out", "next_pos", "trace"), body, header)
             grid_blocks, qkv_inputs, chain_counters = nb, [], []
-            shapes = [*att.output_shapes(spec, (1, 1)), (nb, SLOTS)]
-            dtypes = [*att.output_dtypes(spec), mx.int64]
+            shapes = [*parts, *att.output_shapes(spec, (1, 1)), (nb, SLOTS)]
+            dtypes = [mx.float32, mx.float32, *att.output_dtypes(spec), mx.int64]
         qw = (1 + 0.1 * mx.random.normal((D,))).astype(mx.bfloat16)
         inv_freq = 1.0 / (1e6 ** (mx.arange(0, D, 2, dtype=mx.float32) / D))
         caches = [(mx.random.normal((1, hkv, cap, D)).astype(mx.bfloat16),

@@ -25,6 +25,28 @@ def launch_counters(n: int) -> mx.array:
     return mx.zeros((max(n, 4),), dtype=mx.int32)
 
 
+_SCRATCH: list[mx.array] = []
+
+
+def launch_scratch(nbytes: int) -> mx.array:
+    """float32 words (at least `nbytes`) where a launch keeps what it writes and then reads back
+    itself: a chained launch's first-phase results, the attention's partial sums. As outputs
+    they cost host time at every launch (MLX 0.32 on CUDA: ~2 us each to make and dispatch,
+    against ~0.3 us for an input; scripts/h200_slots.py, 2026-12-04). No launch reads what
+    another wrote there, and launches run in stream order (each reads an output of the one
+    before it), so all of them share one buffer: it grows to the largest request (a smaller
+    one stays alive in the launches that took it). Bindings request their largest size when
+    they are built, so a launch traced into a compiled step never allocates."""
+    from mlx_omnia.engine.core.mxcompat import evaluate
+
+    words = max(-(-nbytes // 16) * 4, 4)
+    if not _SCRATCH or _SCRATCH[0].size < words:
+        buffer = mx.zeros((words,), dtype=mx.float32)
+        evaluate(buffer)
+        _SCRATCH[:] = [buffer]
+    return _SCRATCH[0]
+
+
 def cuda_backend() -> bool:
     """True when MLX runs on its CUDA backend (an NVIDIA GPU is the default device)."""
     return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu

@@ -16,11 +16,13 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_omnia.engine.core.cache import StaticKVCache
-from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters
+from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters, launch_scratch
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
     AttentionStepSpec,
     launcher,
+    partials_bytes,
     project_attend_launcher,
+    project_attend_scratch_bytes,
     spec_fits,
 )
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
@@ -91,6 +93,7 @@ def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
     # kv head resets its own); owned by this binding, written in place.
     counters = launch_counters(decl.n_kv_heads)
     evaluate(counters)
+    launch_scratch(partials_bytes(decl.n_heads, decl.head_dim))  # its largest, before tracing
     calls: dict[
         tuple[mx.Dtype, int, tuple[int, ...]],
         Callable[[list[mx.array]], tuple[mx.array, mx.array]],
@@ -171,6 +174,8 @@ def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.ar
     heads = launch_counters(attention.n_kv_heads)
     counters = launch_counters(3)
     evaluate(heads, counters)
+    launch_scratch(project_attend_scratch_bytes(attention.n_heads, attention.n_kv_heads,
+                                                attention.head_dim))  # before any tracing
     calls: dict[
         tuple[int, tuple[int, ...]], Callable[[list[mx.array]], tuple[mx.array, mx.array]]
     ] = {}

@@ -27,7 +27,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlx_omnia.engine.core.cache import OFFSET_SLOTS
-from mlx_omnia.engine.core.kernels import cuda_kernel
+from mlx_omnia.engine.core.kernels import cuda_kernel, launch_scratch
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, flag
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     QMV_HEADER,
@@ -447,15 +447,28 @@ def attention_call(spec: AttentionStepSpec, *, block: str = "blockIdx.x", cohere
 
 
 def output_shapes(spec: AttentionStepSpec, lead: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """part_o, part_ml, out, next_pos. next_pos has the static cache offset's own shape
-    (OFFSET_SLOTS copies): a reshape after the launch would be one more primitive per layer and
-    token for MLX to dispatch."""
-    h, d = spec.n_heads, spec.head_dim
-    return [(spec.slices, h, d), (spec.slices, h, 2), (*lead, h * d), (OFFSET_SLOTS,)]
+    """out, next_pos. next_pos has the static cache offset's own shape (OFFSET_SLOTS copies): a
+    reshape after the launch would be one more primitive per layer and token for MLX to
+    dispatch. The slices' partial outputs live in the launch's scratch (`PARTIALS`)."""
+    return [(*lead, spec.n_heads * spec.head_dim), (OFFSET_SLOTS,)]
 
 
 def output_dtypes(spec: AttentionStepSpec) -> list[mx.Dtype]:
-    return [mx.float32, mx.float32, spec.dtype, mx.int32]
+    return [spec.dtype, mx.int32]
+
+
+def partials_bytes(n_heads: int, head_dim: int) -> int:
+    """Scratch bytes of the slices' partial outputs and (max, sum) pairs at any capacity (at
+    most MAX_SLICES slices: the source does not depend on the capacity)."""
+    return MAX_SLICES * n_heads * (head_dim + 2) * 4
+
+
+def partials(spec: AttentionStepSpec, at: str = "scratch") -> str:
+    """The kernel body's part_o and part_ml pointers, in the float32 scratch from `at`."""
+    return (
+        f"float* part_o = const_cast<float*>({at});\n"
+        f"float* part_ml = part_o + {MAX_SLICES * spec.n_heads * spec.head_dim};\n"
+    )
 
 
 def blocks(spec: AttentionStepSpec) -> int:
@@ -466,20 +479,22 @@ def blocks(spec: AttentionStepSpec) -> int:
 def launcher(
     spec: AttentionStepSpec, lead: tuple[int, ...]
 ) -> Callable[[list[mx.array]], tuple[mx.array, mx.array]]:
-    """The launch for `spec`: inputs as `input_names` -> (attention output, next offset)."""
+    """The launch for `spec`: inputs as `input_names` -> (attention output, next offset). The
+    partial outputs go to the shared launch scratch (launch_scratch)."""
     kernel = cuda_kernel(
-        f"omnia_attention_step_{spec.tag()}", spec.input_names(),
-        ("part_o", "part_ml", "out", "next_pos"), attention_call(spec), ATTENTION_HEADER,
+        f"omnia_attention_step_{spec.tag()}", (*spec.input_names(), "scratch"),
+        ("out", "next_pos"), partials(spec) + attention_call(spec), ATTENTION_HEADER,
     )
     shapes, dtypes = output_shapes(spec, lead), output_dtypes(spec)
     grid = (blocks(spec) * THREADS, 1, 1)
+    nbytes = partials_bytes(spec.n_heads, spec.head_dim)
 
     def call(inputs: list[mx.array]) -> tuple[mx.array, mx.array]:
         outs: Any = kernel(
-            inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
-            threadgroup=(THREADS, 1, 1),
+            inputs=[*inputs, launch_scratch(nbytes)], output_shapes=shapes, output_dtypes=dtypes,
+            grid=grid, threadgroup=(THREADS, 1, 1),
         )
-        return outs[2], outs[3]
+        return outs[0], outs[1]
 
     return call
 
@@ -539,22 +554,42 @@ def project_attend_fits(qkv: QmvSpec, spec: AttentionStepSpec) -> bool:
     )
 
 
+def project_attend_qkv_words(spec: AttentionStepSpec) -> int:
+    """float32 words of the scratch before the partials: q, k and v (16-byte aligned)."""
+    h, kv, d = spec.n_heads, spec.n_kv_heads, spec.head_dim
+    return -(-(h + 2 * kv) * d * 4 // 16) * 4
+
+
+def project_attend_scratch_bytes(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+    """Scratch bytes of project_attend at any capacity: q, k, v (at most 4 bytes a value) and
+    the partials."""
+    qkv = -(-(n_heads + 2 * n_kv_heads) * head_dim * 4 // 16) * 16
+    return qkv + partials_bytes(n_heads, head_dim)
+
+
 @cache
 def project_attend_launcher(
     qkv: QmvSpec, spec: AttentionStepSpec, lead: tuple[int, ...]
 ) -> Callable[[list[mx.array]], tuple[mx.array, mx.array]]:
     """(x [*lead, in], q/k/v weights..., norm weight [in]?, qw?, kw?, inv_freq, k_cache, v_cache,
     pos, heads (the attention's counters), counters [3] int32 zeros) -> (attention output,
-    next offset), in one launch: the q/k/v blocks take the first tickets (their outputs q, k,
-    v are outputs of the launch too); the attention's blocks issue their cached rows' loads,
-    then wait for them (chain_source). Both counter arrays are written in place and left zero:
-    the caller owns them."""
+    next offset), in one launch: the q/k/v blocks take the first tickets and write q, k, v to
+    the launch scratch (launch_scratch, with the attention's partial outputs); the attention's
+    blocks issue their cached rows' loads, then wait for them (chain_source). Both counter
+    arrays are written in place and left zero: the caller owns them."""
     first = attend_qkv_spec(qkv)
     nb1, nb2 = blocks_of(first), blocks(spec)
     qkv_inputs = first.input_names()[1:]
     att_inputs = [n for n in spec.input_names() if n not in ("q", "k_new", "v_new", "counters")]
-    names = ("x", *qkv_inputs, *att_inputs, "heads", "counters")
-    source = chain_source(
+    names = ("x", *qkv_inputs, *att_inputs, "heads", "counters", "scratch")
+    t = CUDA_TYPES[spec.dtype]
+    h, kv, d = spec.n_heads, spec.n_kv_heads, spec.head_dim
+    qkv_words = project_attend_qkv_words(spec)
+    source = (
+        f"{t}* q = reinterpret_cast<{t}*>(const_cast<float*>(scratch));\n"
+        f"{t}* k = q + {h * d};\n{t}* v = k + {kv * d};\n"
+        + partials(spec, at=f"scratch + {qkv_words}")
+    ) + chain_source(
         nb1,
         first.source(block="t", names={"y0": "q", "y1": "k", "y2": "v"}),
         attention_call(spec, block=f"t - {nb1}", coherent=True, wait=chain_wait(nb1),
@@ -562,15 +597,14 @@ def project_attend_launcher(
         nb2,
     )
     kernel = cuda_kernel(f"omnia_project_attend__{first.name()}__{spec.tag()}", names,
-                         ("q", "k", "v", "part_o", "part_ml", "out", "next_pos"), source,
-                         QMV_HEADER + ATTENTION_DEVICE)
-    shapes = [*((*lead, n) for n in first.rows), *output_shapes(spec, lead)]
-    dtypes = [spec.dtype] * 3 + output_dtypes(spec)
+                         ("out", "next_pos"), source, QMV_HEADER + ATTENTION_DEVICE)
+    shapes, dtypes = output_shapes(spec, lead), output_dtypes(spec)
     grid = ((nb1 + nb2) * THREADS, 1, 1)
+    nbytes = project_attend_scratch_bytes(spec.n_heads, spec.n_kv_heads, spec.head_dim)
 
     def call(inputs: list[mx.array]) -> tuple[mx.array, mx.array]:
-        outs: Any = kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
-                           threadgroup=(THREADS, 1, 1))
-        return outs[5], outs[6]
+        outs: Any = kernel(inputs=[*inputs, launch_scratch(nbytes)], output_shapes=shapes,
+                           output_dtypes=dtypes, grid=grid, threadgroup=(THREADS, 1, 1))
+        return outs[0], outs[1]
 
     return call

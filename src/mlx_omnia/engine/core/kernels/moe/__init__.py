@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters
+from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters, launch_scratch
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
 from mlx_omnia.engine.core.kernels.moe.cuda import (
+    MAX_TOP_K,
     ExpertsSpec,
     RouteSpec,
     chain_fits,
@@ -257,6 +258,8 @@ def chain_build(decl: DownCombine) -> Callable[..., mx.array]:
     # written in place, so owned here: one array per declaration
     counters = launch_counters(3)
     evaluate(counters)
+    # the intermediate rows at the most selected experts, before any launch is traced
+    launch_scratch(MAX_TOP_K * gate_up.hidden_dims * 4)
 
     def chained(
         x: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
@@ -321,6 +324,7 @@ def project_route_build(
     # array per declaration
     counters = launch_counters(4)
     evaluate(counters)
+    launch_scratch(specs[1].n_experts * 4)  # the router logits, before any launch is traced
 
     def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         if (

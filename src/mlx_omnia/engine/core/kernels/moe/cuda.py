@@ -29,7 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.kernels import cuda_kernel
+from mlx_omnia.engine.core.kernels import cuda_kernel, launch_scratch
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, flag
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     MAX_ROWS_STAGED,
@@ -513,16 +513,17 @@ def chain_launcher(
 ) -> Callable[[Sequence[mx.array]], mx.array]:
     """(x [in], ids [k], routing weights [k], gate/up weights..., down weights..., norm weight
     [in]?, residual [out]?, counters [3] int32 zeros) -> [*lead, out]: the gate/up kernel's
-    blocks, then the down kernel's reading the intermediate `mid` (an output too) through L2,
-    in one launch (chain_source). The counters are written in place and left zero: the caller
+    blocks, then the down kernel's reading the intermediate `mid` (in the launch scratch,
+    launch_scratch) through L2, in one launch (chain_source). The counters are written in place and left zero: the caller
     owns one array per declaration."""
     quant = up.bits is not None
     m1 = ("w1", "s1", "b1") if quant else ("w1",)
     m2 = ("w2", "s2", "b2") if quant else ("w2",)
     names = ("x", "ids", "wts", *m1, *m2, *(("g",) if up.norm_eps is not None else ()),
-             *(("res",) if down.residual else ()), "counters")
+             *(("res",) if down.residual else ()), "counters", "scratch")
     nb1, nb2 = experts_blocks(up), experts_blocks(down)
-    source = chain_source(
+    t = CUDA_TYPES[up.dtype]
+    source = f"{t}* mid = reinterpret_cast<{t}*>(const_cast<float*>(scratch));\n" + chain_source(
         nb1,
         experts_call(up, block="t", names={"w": "w1", "s": "s1", "b": "b1", "out": "mid"}),
         experts_call(down, block=f"t - {nb1}", coherent=True,
@@ -531,14 +532,15 @@ def chain_launcher(
     )
     prefix = len("omnia_experts_")
     kernel = cuda_kernel(f"omnia_experts_chain_{up.name()[prefix:]}__{down.name()[prefix:]}",
-                         names, ("mid", "out"), source, MOE_HEADER)
-    shapes = [(up.top_k, up.rows), (*lead, down.rows)]
+                         names, ("out",), source, MOE_HEADER)
+    shapes = [(*lead, down.rows)]
     grid, threads = ((nb1 + nb2) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
+    nbytes = up.top_k * up.rows * up.dtype.size
 
     def call(inputs: Sequence[mx.array]) -> mx.array:
-        out: Any = kernel(inputs=list(inputs), output_shapes=shapes,
-                          output_dtypes=[up.dtype, up.dtype], grid=grid, threadgroup=threads)
-        return out[1]
+        out: Any = kernel(inputs=[*inputs, launch_scratch(nbytes)], output_shapes=shapes,
+                          output_dtypes=[up.dtype], grid=grid, threadgroup=threads)
+        return out[0]
 
     return call
 
@@ -581,8 +583,9 @@ def project_route_launcher(
     weights..., norm weight [out]?, counters [4] int32 zeros) -> (h = residual + a @ P.T
     [*lead, out], routing weights [*lead, k], ids [*lead, k] uint32), in one launch: the
     projection's qmv blocks (tickets below NB1), then the router's blocks, which wait for
-    them and compute the router logits of h (RMS-normalized when the router declares its norm;
-    an output too); the last of those to finish (counters[3]) routes them. The counters are
+    them and compute the router logits of h (RMS-normalized when the router declares its norm)
+    into the launch scratch (launch_scratch); the last of those to finish (counters[3]) routes
+    them. The counters are
     written in place and left zero."""
     cfg = project.config
     chained = chained_router(router, route.n_experts, cfg.warps)
@@ -590,9 +593,9 @@ def project_route_launcher(
     quant_p, quant_r = project.bits is not None, router.bits is not None
     norm = router.norm_eps is not None
     names = ("a", "pw", *(("ps", "pb") if quant_p else ()), "res", "rw",
-             *(("rs", "rb") if quant_r else ()), *(("g",) if norm else ()), "counters")
+             *(("rs", "rb") if quant_r else ()), *(("g",) if norm else ()), "counters", "scratch")
     t = CUDA_TYPES[route.dtype]
-    source = chain_source(
+    source = f"{t}* logits = reinterpret_cast<{t}*>(const_cast<float*>(scratch));\n" + chain_source(
         nb1,
         project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
                                          "y0": "h"}),
@@ -610,15 +613,15 @@ def project_route_launcher(
         nb2,
     )
     kernel = cuda_kernel(f"omnia_project_route__{project.name()}__{route.name()}__{chained.name()}",
-                         names, ("h", "logits", "weights", "ids"), source, MOE_HEADER)
-    shapes = [(*lead, project.rows[0]), (route.n_experts,), (*lead, route.top_k),
-              (*lead, route.top_k)]
-    dtypes = [route.dtype, route.dtype, route.dtype, mx.uint32]
+                         names, ("h", "weights", "ids"), source, MOE_HEADER)
+    shapes = [(*lead, project.rows[0]), (*lead, route.top_k), (*lead, route.top_k)]
+    dtypes = [route.dtype, route.dtype, mx.uint32]
     grid, threads = ((nb1 + nb2) * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
+    nbytes = route.n_experts * route.dtype.size
 
     def call(inputs: Sequence[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
-        out: Any = kernel(inputs=list(inputs), output_shapes=shapes, output_dtypes=dtypes,
-                          grid=grid, threadgroup=threads)
-        return out[0], out[2], out[3]
+        out: Any = kernel(inputs=[*inputs, launch_scratch(nbytes)], output_shapes=shapes,
+                          output_dtypes=dtypes, grid=grid, threadgroup=threads)
+        return out[0], out[1], out[2]
 
     return call
