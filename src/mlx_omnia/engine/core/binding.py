@@ -82,10 +82,13 @@ def bind_layers(
         force_reference = os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
     if chained is None:
         chained = os.environ.get(CHAINED_ENV, "") != "0"
-    return {
-        path: decl.bind(force_reference=force_reference, chained=chained)
-        for path, decl in _declarations(model)
-    }
+    from mlx_omnia.engine.core.kernels import scratch_scope
+
+    with scratch_scope():  # the model's kernels share one launch scratch
+        return {
+            path: decl.bind(force_reference=force_reference, chained=chained)
+            for path, decl in _declarations(model)
+        }
 
 
 def bindings(model: nn.Module) -> dict[str, str]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
@@ -25,26 +27,55 @@ def launch_counters(n: int) -> mx.array:
     return mx.zeros((max(n, 4),), dtype=mx.int32)
 
 
-_SCRATCH: list[mx.array] = []
+_SCOPE: ContextVar[list[mx.array] | None] = ContextVar("omnia_launch_scratch", default=None)
+
+
+@contextmanager
+def scratch_scope() -> Generator[None]:
+    """Bindings built inside share one launch scratch (bind_layers opens one per model)."""
+    token = _SCOPE.set([])
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
 
 
 def launch_scratch(nbytes: int) -> mx.array:
     """float32 words (at least `nbytes`) where a launch keeps what it writes and then reads back
     itself: a chained launch's first-phase results, the attention's partial sums. As outputs
     they cost host time at every launch (MLX 0.32 on CUDA: ~2 us each to make and dispatch,
-    against ~0.3 us for an input; scripts/h200_slots.py, 2026-12-04). No launch reads what
-    another wrote there, and launches run in stream order (each reads an output of the one
-    before it), so all of them share one buffer: it grows to the largest request (a smaller
-    one stays alive in the launches that took it). Bindings request their largest size when
-    they are built, so a launch traced into a compiled step never allocates."""
+    against ~0.3 us for an input; scripts/h200_slots.py, 2026-12-04).
+
+    Inside a scratch_scope (one model's bindings) every caller gets the scope's one buffer,
+    grown to the largest request (a smaller one stays with the bindings that took it): the
+    launches of one model's decode step each read an output of the one before, so they run
+    one after another and never at once. Two launches that do not depend on each other, in
+    one evaluation, must not share a buffer (MLX may run them concurrently): outside a scope,
+    each call gets a buffer of its own. Bindings take theirs when they are built, so a launch
+    traced into a compiled step never allocates."""
     from mlx_omnia.engine.core.mxcompat import evaluate
 
     words = max(-(-nbytes // 16) * 4, 4)
-    if not _SCRATCH or _SCRATCH[0].size < words:
-        buffer = mx.zeros((words,), dtype=mx.float32)
-        evaluate(buffer)
-        _SCRATCH[:] = [buffer]
-    return _SCRATCH[0]
+    holder = _SCOPE.get()
+    if holder is not None and holder and holder[0].size >= words:
+        return holder[0]
+    buffer = mx.zeros((words,), dtype=mx.float32)
+    evaluate(buffer)
+    if holder is not None:
+        holder[:] = [buffer]
+    return buffer
+
+
+def own_scratch(nbytes: int) -> Callable[[], mx.array]:
+    """A launcher's own scratch for calls that bring none (tests, probes): made on first use."""
+    made: list[mx.array] = []
+
+    def get() -> mx.array:
+        if not made:
+            made.append(launch_scratch(nbytes))
+        return made[0]
+
+    return get
 
 
 def cuda_backend() -> bool:

@@ -93,10 +93,11 @@ def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
     # kv head resets its own); owned by this binding, written in place.
     counters = launch_counters(decl.n_kv_heads)
     evaluate(counters)
-    launch_scratch(partials_bytes(decl.n_heads, decl.head_dim))  # its largest, before tracing
+    # the partials at any capacity, taken before any launch is traced (launch_scratch)
+    scratch = launch_scratch(partials_bytes(decl.n_heads, decl.head_dim))
     calls: dict[
         tuple[mx.Dtype, int, tuple[int, ...]],
-        Callable[[list[mx.array]], tuple[mx.array, mx.array]],
+        Callable[..., tuple[mx.array, mx.array]],
     ] = {}
 
     def project(q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
@@ -117,7 +118,7 @@ def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
                 return reference(q, k, v, cache)
             run = calls[key] = launcher(spec, key[2])
         pos = cache.state["offset"]
-        out, following = run([q, k, v, *cache_inputs(decl, inv_freq, cache), counters])
+        out, following = run([q, k, v, *cache_inputs(decl, inv_freq, cache), counters], scratch)
         cache.advance(pos, following)
         return out
 
@@ -174,10 +175,11 @@ def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.ar
     heads = launch_counters(attention.n_kv_heads)
     counters = launch_counters(3)
     evaluate(heads, counters)
-    launch_scratch(project_attend_scratch_bytes(attention.n_heads, attention.n_kv_heads,
-                                                attention.head_dim))  # before any tracing
+    # q, k, v and the partials at any capacity, taken before any launch is traced
+    scratch = launch_scratch(project_attend_scratch_bytes(
+        attention.n_heads, attention.n_kv_heads, attention.head_dim))
     calls: dict[
-        tuple[int, tuple[int, ...]], Callable[[list[mx.array]], tuple[mx.array, mx.array]]
+        tuple[int, tuple[int, ...]], Callable[..., tuple[mx.array, mx.array]]
     ] = {}
 
     def run(x: mx.array, cache: Any) -> mx.array:
@@ -203,7 +205,8 @@ def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.ar
             inputs += matrix_inputs(m)
         if decl.qkv.norm is not None:
             inputs.append(decl.qkv.norm.weight)
-        out, following = call([*inputs, *cache_inputs(attention, inv_freq, cache), heads, counters])
+        out, following = call([*inputs, *cache_inputs(attention, inv_freq, cache), heads, counters],
+                              scratch)
         cache.advance(pos, following)
         return out
 

@@ -27,7 +27,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlx_omnia.engine.core.cache import OFFSET_SLOTS
-from mlx_omnia.engine.core.kernels import cuda_kernel, launch_scratch
+from mlx_omnia.engine.core.kernels import cuda_kernel, own_scratch
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, flag
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     QMV_HEADER,
@@ -478,7 +478,7 @@ def blocks(spec: AttentionStepSpec) -> int:
 @cache
 def launcher(
     spec: AttentionStepSpec, lead: tuple[int, ...]
-) -> Callable[[list[mx.array]], tuple[mx.array, mx.array]]:
+) -> Callable[..., tuple[mx.array, mx.array]]:
     """The launch for `spec`: inputs as `input_names` -> (attention output, next offset). The
     partial outputs go to the shared launch scratch (launch_scratch)."""
     kernel = cuda_kernel(
@@ -487,12 +487,12 @@ def launcher(
     )
     shapes, dtypes = output_shapes(spec, lead), output_dtypes(spec)
     grid = (blocks(spec) * THREADS, 1, 1)
-    nbytes = partials_bytes(spec.n_heads, spec.head_dim)
+    own = own_scratch(partials_bytes(spec.n_heads, spec.head_dim))
 
-    def call(inputs: list[mx.array]) -> tuple[mx.array, mx.array]:
+    def call(inputs: list[mx.array], scratch: mx.array | None = None) -> tuple[mx.array, mx.array]:
         outs: Any = kernel(
-            inputs=[*inputs, launch_scratch(nbytes)], output_shapes=shapes, output_dtypes=dtypes,
-            grid=grid, threadgroup=(THREADS, 1, 1),
+            inputs=[*inputs, scratch if scratch is not None else own()], output_shapes=shapes,
+            output_dtypes=dtypes, grid=grid, threadgroup=(THREADS, 1, 1),
         )
         return outs[0], outs[1]
 
@@ -570,7 +570,7 @@ def project_attend_scratch_bytes(n_heads: int, n_kv_heads: int, head_dim: int) -
 @cache
 def project_attend_launcher(
     qkv: QmvSpec, spec: AttentionStepSpec, lead: tuple[int, ...]
-) -> Callable[[list[mx.array]], tuple[mx.array, mx.array]]:
+) -> Callable[..., tuple[mx.array, mx.array]]:
     """(x [*lead, in], q/k/v weights..., norm weight [in]?, qw?, kw?, inv_freq, k_cache, v_cache,
     pos, heads (the attention's counters), counters [3] int32 zeros) -> (attention output,
     next offset), in one launch: the q/k/v blocks take the first tickets and write q, k, v to
@@ -600,11 +600,12 @@ def project_attend_launcher(
                          ("out", "next_pos"), source, QMV_HEADER + ATTENTION_DEVICE)
     shapes, dtypes = output_shapes(spec, lead), output_dtypes(spec)
     grid = ((nb1 + nb2) * THREADS, 1, 1)
-    nbytes = project_attend_scratch_bytes(spec.n_heads, spec.n_kv_heads, spec.head_dim)
+    own = own_scratch(project_attend_scratch_bytes(spec.n_heads, spec.n_kv_heads, spec.head_dim))
 
-    def call(inputs: list[mx.array]) -> tuple[mx.array, mx.array]:
-        outs: Any = kernel(inputs=[*inputs, launch_scratch(nbytes)], output_shapes=shapes,
-                           output_dtypes=dtypes, grid=grid, threadgroup=(THREADS, 1, 1))
+    def call(inputs: list[mx.array], scratch: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        outs: Any = kernel(inputs=[*inputs, scratch if scratch is not None else own()],
+                           output_shapes=shapes, output_dtypes=dtypes, grid=grid,
+                           threadgroup=(THREADS, 1, 1))
         return outs[0], outs[1]
 
     return call

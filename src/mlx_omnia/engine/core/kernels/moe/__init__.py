@@ -259,7 +259,7 @@ def chain_build(decl: DownCombine) -> Callable[..., mx.array]:
     counters = launch_counters(3)
     evaluate(counters)
     # the intermediate rows at the most selected experts, before any launch is traced
-    launch_scratch(MAX_TOP_K * gate_up.hidden_dims * 4)
+    scratch = launch_scratch(MAX_TOP_K * gate_up.hidden_dims * 4)
 
     def chained(
         x: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
@@ -283,7 +283,7 @@ def chain_build(decl: DownCombine) -> Callable[..., mx.array]:
         if residual is not None:
             inputs.append(residual)
         inputs.append(counters)
-        return chain_launcher(*pair, tuple(x.shape[:-1]))(inputs)
+        return chain_launcher(*pair, tuple(x.shape[:-1]))(inputs, scratch)
 
     return chained
 
@@ -324,7 +324,7 @@ def project_route_build(
     # array per declaration
     counters = launch_counters(4)
     evaluate(counters)
-    launch_scratch(specs[1].n_experts * 4)  # the router logits, before any launch is traced
+    scratch = launch_scratch(specs[1].n_experts * 4)  # the router logits, taken before tracing
 
     def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         if (
@@ -336,7 +336,7 @@ def project_route_build(
         if router.norm is not None:
             inputs.append(router.norm.weight)
         inputs.append(counters)
-        return project_route_launcher(*specs, tuple(a.shape[:-1]))(inputs)
+        return project_route_launcher(*specs, tuple(a.shape[:-1]))(inputs, scratch)
 
     return project_route
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.kernels import cuda_kernel, launch_scratch
+from mlx_omnia.engine.core.kernels import cuda_kernel, own_scratch
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, flag
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     MAX_ROWS_STAGED,
@@ -510,7 +510,7 @@ def chain_fits(up: ExpertsSpec, down: ExpertsSpec) -> bool:
 @cache
 def chain_launcher(
     up: ExpertsSpec, down: ExpertsSpec, lead: tuple[int, ...] = ()
-) -> Callable[[Sequence[mx.array]], mx.array]:
+) -> Callable[..., mx.array]:
     """(x [in], ids [k], routing weights [k], gate/up weights..., down weights..., norm weight
     [in]?, residual [out]?, counters [3] int32 zeros) -> [*lead, out]: the gate/up kernel's
     blocks, then the down kernel's reading the intermediate `mid` (in the launch scratch,
@@ -535,11 +535,12 @@ def chain_launcher(
                          names, ("out",), source, MOE_HEADER)
     shapes = [(*lead, down.rows)]
     grid, threads = ((nb1 + nb2) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
-    nbytes = up.top_k * up.rows * up.dtype.size
+    own = own_scratch(up.top_k * up.rows * up.dtype.size)
 
-    def call(inputs: Sequence[mx.array]) -> mx.array:
-        out: Any = kernel(inputs=[*inputs, launch_scratch(nbytes)], output_shapes=shapes,
-                          output_dtypes=[up.dtype], grid=grid, threadgroup=threads)
+    def call(inputs: Sequence[mx.array], scratch: mx.array | None = None) -> mx.array:
+        out: Any = kernel(inputs=[*inputs, scratch if scratch is not None else own()],
+                          output_shapes=shapes, output_dtypes=[up.dtype], grid=grid,
+                          threadgroup=threads)
         return out[0]
 
     return call
@@ -578,7 +579,7 @@ def project_route_fits(project: QmvSpec, route: RouteSpec, router: QmvSpec) -> b
 @cache
 def project_route_launcher(
     project: QmvSpec, route: RouteSpec, router: QmvSpec, lead: tuple[int, ...] = ()
-) -> Callable[[Sequence[mx.array]], tuple[mx.array, mx.array, mx.array]]:
+) -> Callable[..., tuple[mx.array, mx.array, mx.array]]:
     """(a [*lead, in], the projection's weights..., residual [*lead, out], the router's
     weights..., norm weight [out]?, counters [4] int32 zeros) -> (h = residual + a @ P.T
     [*lead, out], routing weights [*lead, k], ids [*lead, k] uint32), in one launch: the
@@ -617,11 +618,14 @@ def project_route_launcher(
     shapes = [(*lead, project.rows[0]), (*lead, route.top_k), (*lead, route.top_k)]
     dtypes = [route.dtype, route.dtype, mx.uint32]
     grid, threads = ((nb1 + nb2) * cfg.warps * 32, 1, 1), (cfg.warps * 32, 1, 1)
-    nbytes = route.n_experts * route.dtype.size
+    own = own_scratch(route.n_experts * route.dtype.size)
 
-    def call(inputs: Sequence[mx.array]) -> tuple[mx.array, mx.array, mx.array]:
-        out: Any = kernel(inputs=[*inputs, launch_scratch(nbytes)], output_shapes=shapes,
-                          output_dtypes=dtypes, grid=grid, threadgroup=threads)
+    def call(
+        inputs: Sequence[mx.array], scratch: mx.array | None = None
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        out: Any = kernel(inputs=[*inputs, scratch if scratch is not None else own()],
+                          output_shapes=shapes, output_dtypes=dtypes, grid=grid,
+                          threadgroup=threads)
         return out[0], out[1], out[2]
 
     return call
