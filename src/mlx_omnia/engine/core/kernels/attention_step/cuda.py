@@ -449,7 +449,7 @@ def attention_call(spec: AttentionStepSpec, *, block: str = "blockIdx.x", cohere
 def output_shapes(spec: AttentionStepSpec, lead: tuple[int, ...]) -> list[tuple[int, ...]]:
     """out, next_pos. next_pos has the static cache offset's own shape (OFFSET_SLOTS copies): a
     reshape after the launch would be one more primitive per layer and token for MLX to
-    dispatch. The slices' partial outputs live in the launch's scratch (`PARTIALS`)."""
+    dispatch. The slices' partial outputs live in the launch scratch (`partials`)."""
     return [(*lead, spec.n_heads * spec.head_dim), (OFFSET_SLOTS,)]
 
 

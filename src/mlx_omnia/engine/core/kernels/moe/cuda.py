@@ -514,8 +514,8 @@ def chain_launcher(
     """(x [in], ids [k], routing weights [k], gate/up weights..., down weights..., norm weight
     [in]?, residual [out]?, counters [3] int32 zeros) -> [*lead, out]: the gate/up kernel's
     blocks, then the down kernel's reading the intermediate `mid` (in the launch scratch,
-    launch_scratch) through L2, in one launch (chain_source). The counters are written in place and left zero: the caller
-    owns one array per declaration."""
+    launch_scratch) through L2, in one launch (chain_source). The counters are written in
+    place and left zero: the caller owns one array per declaration."""
     quant = up.bits is not None
     m1 = ("w1", "s1", "b1") if quant else ("w1",)
     m2 = ("w2", "s2", "b2") if quant else ("w2",)
@@ -586,8 +586,7 @@ def project_route_launcher(
     projection's qmv blocks (tickets below NB1), then the router's blocks, which wait for
     them and compute the router logits of h (RMS-normalized when the router declares its norm)
     into the launch scratch (launch_scratch); the last of those to finish (counters[3]) routes
-    them. The counters are
-    written in place and left zero."""
+    them. The counters are written in place and left zero."""
     cfg = project.config
     chained = chained_router(router, route.n_experts, cfg.warps)
     nb1, nb2 = blocks_of(project), blocks_of(chained)
