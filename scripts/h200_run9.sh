@@ -20,6 +20,8 @@
 # Y: py-spy host profile (native frames) of the 4-bit dense step (YM="qwen3-30b-a3b 4 16": the
 #    MoE's first 16 layers; YT1/YT2 time limits, STEPS, RATE). A and Y need .device-tools in
 #    the carry (scripts/fetch_device_tools.sh).
+# W: the decode step's timeline per chained launch (h200_layer_trace.py; WM="SHAPE LAYERS FMT")
+#    and the host µs of a launch's inputs/outputs (h200_slots.py).
 # V [SECONDS [FIRST]]: the CUDA tests (JOBS xdist workers) in four parts from part FIRST (default 1): the chained
 #    launches, the whole small models, experts/routing, qmv/attention; each part's output in
 #    $OUT/cuda_part<N>.txt; within SECONDS (default 540) overall.
@@ -180,6 +182,12 @@ elif [ "$1" = R ]; then
   # -C .bench-ref` here, then carry it): omnia-bench paired, each arm in its own process
   timeout ${RT:-420} python3 -m mlx_omnia.bench.main paired --ref .bench-ref ${2:---model qwen3-4b --quantize 4} \
     --runs ${RUNS:-4} --json $OUT/paired.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/paired.txt
+elif [ "$1" = W ]; then
+  # the step's timeline (globaltimer stamps of every chained launch's blocks) and the host time
+  # to queue a step: WM="SHAPE LAYERS FMT" (default the MoE at 48 layers, 4-bit), then the
+  # host cost of a launch's inputs and outputs (h200_slots.py)
+  timeout ${WT:-240} python3 scripts/h200_layer_trace.py ${WM:-qwen3-30b-a3b 48 q4} 2>&1 | grep -v Warning | tee $OUT/trace.txt
+  timeout 120 python3 scripts/h200_slots.py 2>&1 | tee $OUT/slots.txt
 elif [ "$1" = L ]; then
   # prefill at a long prompt (4096 tokens, --runs 1), bf16 and 4-bit qwen3-4b
   for q in "" "--quantize 4"; do
