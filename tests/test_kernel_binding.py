@@ -8,6 +8,7 @@ CUDA kernel binds (`*_applies` is false and every binding is the core)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -17,7 +18,12 @@ import mlx.nn as nn
 import pytest
 
 from mlx_omnia.engine.core.binding import Declaration, Implementation, bind_layers
-from mlx_omnia.engine.core.kernels import cuda_backend, header_include
+from mlx_omnia.engine.core.kernels import (
+    cuda_backend,
+    header_include,
+    launch_scratch,
+    own_scratch,
+)
 from mlx_omnia.engine.core.kernels.attention_step import (
     attention_applies,
     attention_fits,
@@ -670,6 +676,55 @@ def test_chained_implementations_can_be_left_out(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("OMNIA_CHAINED_KERNELS", "1")
     assert bind_layers(holder) == {"pair": "pair_chained"}
     assert bind_layers(holder, force_reference=True) == {"pair": "core"}
+
+
+TAKEN: list[tuple[int, mx.array]] = []  # (bytes asked, the scratch taken), in binding order
+
+
+def _take_scratch(decl: _Scratched) -> Callable[[], str]:
+    TAKEN.append((decl.nbytes, launch_scratch(decl.nbytes)))
+    return lambda: "kernel"
+
+
+class _Scratched(Declaration):
+    """A declaration whose one implementation takes a launch scratch when it is built."""
+
+    implementations = (Implementation("scratched", lambda _: True, _take_scratch),)
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes = nbytes
+
+    def reference(self) -> Callable[[], str]:
+        return lambda: "core"
+
+
+def test_one_models_bindings_share_a_launch_scratch_and_independent_ones_do_not() -> None:
+    """bind_layers opens a scratch scope: a model's bindings share one buffer (its decode
+    launches run one after another), grown to the largest request. Outside a scope, and in
+    another model, each gets its own (MLX may run independent launches at once)."""
+    TAKEN.clear()
+    holder = nn.Module()
+    holder.layers = [_Scratched(n) for n in (64, 64, 4096, 100, 64)]
+    bind_layers(holder)
+    assert len(TAKEN) == 5
+    shared = 0
+    for (_, before), (asked, taken) in itertools.pairwise(TAKEN):
+        assert taken.dtype == mx.float32 and taken.size * 4 >= asked
+        if before.size * 4 >= asked:  # fits the scope's buffer: that buffer
+            assert taken is before
+            shared += 1
+        else:  # grown: a new buffer
+            assert taken is not before
+    assert shared >= 2
+    model_buffers = {id(b) for _, b in TAKEN}
+    other = nn.Module()
+    other.layers = [_Scratched(64)]
+    bind_layers(other)
+    assert id(TAKEN[-1][1]) not in model_buffers
+    assert launch_scratch(64) is not launch_scratch(64)  # no scope: one buffer a call
+    made = own_scratch(64)
+    assert made() is made() and made() is not own_scratch(64)()
 
 
 # --- the CPU backend ----------------------------------------------------------------------------
