@@ -153,6 +153,7 @@ def build_all() -> None:
                 attention_launcher(spec, (1, 1))(inputs)
     build_moe()
     build_project_route()
+    build_route_experts()
     build_project_attend()
 
 
@@ -255,6 +256,44 @@ def build_project_route() -> None:
                           mx.zeros((hidden,), dtype=dtype), *mats(e, hidden, bits, group, dtype),
                           mx.zeros((hidden,), dtype=dtype), mx.zeros((4,), dtype=mx.int32)]
                 project_route_launcher(project, route, router)(inputs)
+
+
+def build_route_experts() -> None:
+    """o_proj + residual -> router -> routing -> expert gate/up -> down, one launch (qwen3_moe's
+    RouteExperts, opt-in: OMNIA_ROUTE_EXPERTS=1)."""
+    from mlx_omnia.engine.core.kernels.moe.cuda import (
+        ExpertsSpec,
+        RouteSpec,
+        route_experts_fits,
+        route_experts_launcher,
+    )
+    from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
+
+    for dtype in (mx.bfloat16, mx.float16):
+        for bits, group in ((None, None), (4, 64), (8, 64), (4, 32)):
+            # qwen3-30b-a3b (4096 -> 2048, 128 experts of 768, top 8), a small test shape
+            for k_in, hidden, e, inner, top in ((4096, 2048, 128, 768, 8), (256, 256, 8, 64, 2),
+                                                (512, 256, 60, 128, 4)):
+                project = QmvSpec(dtype=dtype, k=k_in, rows=(hidden,), bits=bits,
+                                  group_size=group, residual=True)
+                router = QmvSpec(dtype=dtype, k=hidden, rows=(e,), bits=bits, group_size=group,
+                                 norm_eps=1e-6)
+                route = RouteSpec(dtype, e, top, False, True)
+                up = ExpertsSpec(dtype, hidden, inner, top, bits, group, gate_up=True,
+                                 norm_eps=1e-6)
+                down = ExpertsSpec(dtype, inner, hidden, top, bits, group, gate_up=False,
+                                   residual=True)
+                if not route_experts_fits(project, route, router, up, down):
+                    continue
+
+                def emats(n: int, k: int) -> list[mx.array]:
+                    return [m[None] for m in mats(n, k, bits, group, dtype)]
+
+                inputs = [mx.zeros((k_in,), dtype=dtype), *mats(hidden, k_in, bits, group, dtype),
+                          mx.zeros((hidden,), dtype=dtype), *mats(e, hidden, bits, group, dtype),
+                          mx.zeros((hidden,), dtype=dtype), *emats(2 * inner, hidden),
+                          *emats(hidden, inner), mx.zeros((6,), dtype=mx.int32)]
+                route_experts_launcher(project, route, router, up, down)(inputs)
 
 
 def build_project_attend() -> None:

@@ -39,6 +39,8 @@ from mlx_omnia.engine.core.kernels.moe import (
     project_route_applies,
     project_route_fits_decl,
     route_applies,
+    route_experts_applies,
+    route_experts_fits_decl,
     route_fits_decl,
     routed_spec,
 )
@@ -61,7 +63,7 @@ from mlx_omnia.engine.core.layers import (
     RmsNorm,
     Rope,
 )
-from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route
+from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route, RouteExperts
 from mlx_omnia.engine.core.rope import LongRope
 
 on_cpu = pytest.mark.skipif(cuda_backend(), reason="checks the CPU backend")
@@ -521,6 +523,78 @@ def test_project_route_is_the_projection_then_the_routing() -> None:
     want_w, want_ids = decl.route(want_h)
     assert mx.array_equal(h, want_h) and mx.array_equal(weights, want_w)
     assert mx.array_equal(ids, want_ids) and ids.shape == (1, 1, 8)
+
+
+def route_experts(*, up: dict[str, object] | None = None, down: dict[str, object] | None = None,
+                  route: dict[str, object] | None = None, shared_norm: bool = True,
+                  n_experts: int = 8) -> RouteExperts:
+    """qwen3_moe's sparse block after the attention (small): o_proj (4096 -> 256, 4-bit), the
+    routing of the sum (a 4-bit router after the post-attention norm), then the experts
+    (4-bit, gate/up after that same norm), unless the arguments change one property."""
+    post = norm(256)
+    pair = ProjectRoute(linear(4096, 256, bits=4),
+                        routed(n_experts, router_norm=post, **{"bits": 4, **(route or {})}))  # type: ignore[arg-type]
+    experts = chain(up={"norm": post if shared_norm else norm(256), **(up or {})}, down=down)
+    return RouteExperts(pair, experts)
+
+
+ROUTE_EXPERTS_ACCEPTED: dict[str, Callable[[], RouteExperts]] = {
+    "4-bit": lambda: route_experts(),
+    "dense experts and router": lambda: route_experts(up={"bits": None}, down={"bits": None},
+                                                      route={"bits": None}),
+}
+ROUTE_EXPERTS_DECLINED: dict[str, Callable[[], RouteExperts]] = {
+    "gate/up after another norm": lambda: route_experts(shared_norm=False),
+    "gate/up without a norm": lambda: route_experts(up={"norm": None}),
+    "more experts routed than stacked": lambda: route_experts(n_experts=16),
+    "router with a bias": lambda: route_experts(route={"bias": True}),
+    "gate/up 8-bit": lambda: route_experts(up={"bits": 8}),
+    "down bias": lambda: route_experts(down={"bias": True}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUTE_EXPERTS_ACCEPTED))
+def test_route_experts_accepts_the_chain_it_computes(case: str) -> None:
+    assert route_experts_fits_decl(ROUTE_EXPERTS_ACCEPTED[case]())
+
+
+@pytest.mark.parametrize("case", sorted(ROUTE_EXPERTS_DECLINED))
+def test_route_experts_declines_a_chain_differing_in_one_property(case: str) -> None:
+    assert not route_experts_fits_decl(ROUTE_EXPERTS_DECLINED[case]())
+
+
+def test_route_experts_binds_only_when_asked_until_run_on_a_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Opt-in (OMNIA_ROUTE_EXPERTS=1) until its comparison test has run on the H200; never on
+    the CPU."""
+    monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "1")
+    assert route_experts_applies(route_experts()) == cuda_backend()
+    monkeypatch.delenv("OMNIA_ROUTE_EXPERTS")
+    assert not route_experts_applies(route_experts())
+
+
+def test_route_experts_is_project_route_then_the_experts() -> None:
+    """The core path: (h, weights, ids) = project_route(a, x), then experts(h, ids, weights,
+    residual=h), each declaration as bound."""
+    decl = route_experts()
+    pair, experts = decl.project_route, decl.experts
+    gate_up, router = experts.gate_up, pair.route.router
+    assert gate_up is not None and router is not None
+    for i, m in enumerate((gate_up, experts)):  # random 4-bit experts (the helper's are zeros)
+        key = mx.random.key(10 + i)
+        m.weight = mx.random.randint(0, 2**30, m.weight.shape, key=key).astype(mx.uint32)
+        m.scales = (0.02 * mx.random.uniform(shape=m.scales.shape, key=key)).astype(mx.bfloat16)
+        m.biases = (-0.1 * m.scales.astype(mx.float32) * 8).astype(mx.bfloat16)
+    for d in (*router.matrices, router, pair.project, pair.route, pair, gate_up, experts, decl):
+        d.bind()
+    a = mx.random.normal((1, 1, 4096), key=mx.random.key(3)).astype(mx.bfloat16)
+    x = mx.random.normal((1, 1, 256), key=mx.random.key(4)).astype(mx.bfloat16)
+    got = decl(a, x)
+    h, weights, ids = pair(a, x)
+    want = experts(h, ids, weights, residual=h)
+    assert got.shape == want.shape == (1, 1, 256)
+    assert mx.array_equal(got, want) and not mx.array_equal(got, h)
 
 
 def chained_qmv(*, project: dict[str, object] | None = None, then: dict[str, object] | None = None,

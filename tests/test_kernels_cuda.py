@@ -563,6 +563,46 @@ def test_experts_chain_equals_gate_up_then_down(
             assert rel_err(got, core) <= 16 * ULP[dtype], step
 
 
+@pytest.mark.parametrize(("k_in", "width", "n", "k", "hidden"),
+                         [(4096, 2048, 128, 8, 768), (512, 256, 60, 4, 128), (256, 256, 8, 2, 64)])
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_route_experts_equals_project_route_then_the_experts_chain(
+    k_in: int, width: int, n: int, k: int, hidden: int, fmt: tuple[int | None, int | None],
+    dtype: mx.Dtype, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RouteExperts (o_proj + residual, router, routing, expert gate/up, expert down and the
+    residual, one launch of four phases ordered by tickets) writes exactly what the
+    project_route launch followed by the experts chain launch write, launch after launch (its
+    counters return to zero)."""
+    from mlx_omnia.engine.core.moe import RouteExperts
+
+    monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "1")
+    if fmt[0] is None and n * hidden * width > 64 * 2**20:
+        n = 16
+    post = make_norm(width, dtype)
+    o_proj, gate = make_linear(k_in, width, fmt, dtype), make_linear(width, n, fmt, dtype)
+    route = Route(n, k, normalize=True, router=Projections([gate], norm=post))
+    pair = ProjectRoute(o_proj, route)
+    gate_up = GateUp(n, width, hidden, norm=post)
+    experts = DownCombine(n, hidden, width, gate_up=gate_up)
+    make_experts(gate_up, fmt, dtype)
+    make_experts(experts, fmt, dtype)
+    decl = RouteExperts(pair, experts)
+    assert pair.bind() == "project_route_cuda" and gate_up.bind() == "experts_cuda"
+    assert experts.bind() == "experts_chain_cuda" and route.bind() == "route_cuda"
+    assert decl.bind() == "route_experts_cuda"
+    for step in range(3):
+        a = mx.random.normal((1, 1, k_in)).astype(dtype)
+        x = (2 * mx.random.normal((1, 1, width))).astype(dtype)
+        got = decl(a, x)
+        h, weights, ids = pair(a, x)
+        want = experts(h, ids, weights, residual=h)
+        mx.eval(got, want)
+        assert got.shape == want.shape == (1, 1, width), step
+        assert rel_err(got, want) == 0.0, step
+
+
 @pytest.mark.parametrize(("k_in", "heads", "kv_heads"), [(2560, 32, 8), (2048, 32, 4), (256, 4, 2)])
 @pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -653,12 +693,19 @@ def test_qwen3_model_greedy_tokens_agree_with_the_reference(
     assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
 
 
-def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> None:
+@pytest.mark.parametrize("route_experts", [False, True], ids=["pairs", "route_experts"])
+def test_moe_model_greedy_tokens_agree_with_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route_experts: bool
+) -> None:
     """A qwen3_moe whose every declaration binds a kernel (4-bit): greedy tokens through the
-    compiled kernel step agree with the core path's (assert_greedy_agrees)."""
+    compiled kernel step agree with the core path's (assert_greedy_agrees); with
+    OMNIA_ROUTE_EXPERTS=1 its sparse blocks run in one launch after the attention's."""
 
     from mlx_omnia import load
     from mlx_omnia.bench import shapes
+
+    if route_experts:
+        monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "1")
 
     shapes.SHAPES["test-moe"] = dict(
         shapes.SHAPES["tiny-moe"], hidden_size=256, moe_intermediate_size=128, num_experts=8,
@@ -670,5 +717,6 @@ def test_moe_model_greedy_tokens_agree_with_the_reference(tmp_path: Path) -> Non
     kinds = set(fast.bindings().values())
     assert {"qmv_cuda", "attention_step_cuda", "route_cuda", "experts_cuda",
             "experts_chain_cuda", "project_route_cuda", "project_attend_cuda"} <= kinds, kinds
+    assert ("route_experts_cuda" in kinds) == route_experts, kinds
     ref = reference_model(path, quantize)
     assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")

@@ -28,7 +28,8 @@ from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
 RouteOrder = Literal["softmax_topk", "topk_softmax"]
 ExpertQuantMode = Literal["affine", "mxfp4"]
 GateActivation = Literal["silu", "gpt_oss_swiglu"]
-_ROUTE_CUDA, _GATE_UP_CUDA, _DOWN_COMBINE_CUDA, _PROJECT_ROUTE_CUDA = moe_kernels.implementations()
+(_ROUTE_CUDA, _GATE_UP_CUDA, _DOWN_COMBINE_CUDA, _PROJECT_ROUTE_CUDA,
+ _ROUTE_EXPERTS_CUDA) = moe_kernels.implementations()
 
 
 class Route(Declaration):
@@ -404,3 +405,44 @@ class DownCombine(ExpertLinear):
         if residual is None:
             return self._bound(h, ids, weights)
         return self._bound(h, ids, weights, residual)
+
+
+class RouteExperts(Declaration):
+    """A sparse block after the attention: (a [..., in], residual [..., out]) -> h + the
+    experts' MLP of h, with (h, weights, ids) = project_route(a, residual) and the experts a
+    DownCombine declaring its GateUp (`experts(h, ids, weights, residual=h)`). Declares the
+    chain in the order it runs, so a kernel may run it in one launch; owns neither part: each
+    keeps its own binding for what the chain's kernel declines."""
+
+    implementations = _ROUTE_EXPERTS_CUDA
+    _project_route: ProjectRoute
+    _experts: DownCombine
+
+    def __init__(self, project_route: ProjectRoute, experts: DownCombine) -> None:
+        super().__init__()
+        if experts.gate_up is None:
+            raise ValueError("the experts must declare their gate/up projection")
+        object.__setattr__(self, "_project_route", project_route)
+        object.__setattr__(self, "_experts", experts)
+        self._bound: Callable[[mx.array, mx.array], mx.array] = self.reference()
+
+    @property
+    def project_route(self) -> ProjectRoute:
+        return self._project_route
+
+    @property
+    def experts(self) -> DownCombine:
+        return self._experts
+
+    def reference(self) -> Callable[[mx.array, mx.array], mx.array]:
+        project_route, experts = self.project_route, self.experts
+
+        def route_experts(a: mx.array, residual: mx.array) -> mx.array:
+            h, weights, ids = project_route(a, residual)
+            return experts(h, ids, weights, residual=h)
+
+        return route_experts
+
+    def __call__(self, a: mx.array, residual: mx.array) -> mx.array:
+        return self._bound(a, residual)
+

@@ -19,7 +19,7 @@ from mlx_omnia.engine.core.layers import (
     Projections,
     RmsNorm,
 )
-from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route
+from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route, RouteExperts
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.qwen3_moe.config import Qwen3MoeConfig
 
@@ -84,6 +84,8 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         # the attention's o_proj (with the residual) runs right before the routing of its sum
         self.project_route = ProjectRoute(o_proj, self.route)
         self.experts = Qwen3MoeExperts(cfg, norm)
+        # ... and the experts right after the routing, on its h
+        self.route_experts = RouteExperts(self.project_route, self.experts.down_proj)
 
     def __call__(self, h: mx.array) -> mx.array:
         """h + the experts' MLP of norm(h)."""
@@ -92,8 +94,7 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
 
     def after_attention(self, a: mx.array, x: mx.array) -> mx.array:
         """With h = x + o_proj(a) (a the attention's output): h + the experts' MLP of norm(h)."""
-        h, weights, ids = self.project_route(a, x)
-        return self.experts(h, ids, weights)
+        return self.route_experts(a, x)
 
 
 class Qwen3MoeDecoderLayer(nn.Module):

@@ -11,6 +11,7 @@ else (prefill, other dtypes, more experts than the staged input holds) to the co
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,9 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     experts_launcher,
     project_route_fits,
     project_route_launcher,
+    route_experts_fits,
+    route_experts_launcher,
+    route_experts_scratch,
     route_fits,
     route_launcher,
     routed_fits,
@@ -38,7 +42,14 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
 from mlx_omnia.engine.core.mxcompat import evaluate
 
 if TYPE_CHECKING:
-    from mlx_omnia.engine.core.moe import DownCombine, ExpertLinear, GateUp, ProjectRoute, Route
+    from mlx_omnia.engine.core.moe import (
+        DownCombine,
+        ExpertLinear,
+        GateUp,
+        ProjectRoute,
+        Route,
+        RouteExperts,
+    )
 
 
 def route_spec(decl: Route, dtype: mx.Dtype) -> RouteSpec:
@@ -341,9 +352,74 @@ def project_route_build(
     return project_route
 
 
-def implementations() -> tuple[Any, Any, tuple[Any, Any], tuple[Any]]:
+# Opt-in until its tests have run on the H200 (written 2026-12-04 without a device).
+ROUTE_EXPERTS_ENV = "OMNIA_ROUTE_EXPERTS"
+
+
+def route_experts_specs(
+    decl: RouteExperts,
+) -> tuple[QmvSpec, RouteSpec, QmvSpec, ExpertsSpec, ExpertsSpec] | None:
+    """(projection, routing, router, gate/up, down) of the one-launch sparse block, or None
+    where the kernel does not compute the declared chain exactly: the pair's own kernels must
+    fit, and the router and the gate/up must normalize with one norm."""
+    pair = project_route_specs(decl.project_route)
+    route = decl.project_route.route
+    gate_up = decl.experts.gate_up
+    if pair is None or gate_up is None or route.router is None:
+        return None
+    if gate_up.norm is None or gate_up.norm is not route.router.norm:
+        return None
+    if not route.n_experts == gate_up.n_experts == decl.experts.n_experts:
+        return None
+    chain = chain_specs(decl.experts, route.top_k, residual=True)
+    if chain is None or not route_experts_fits(*pair, *chain):
+        return None
+    return (*pair, *chain)
+
+
+def route_experts_fits_decl(decl: RouteExperts) -> bool:
+    """Every declared property is one the kernel computes (the backend aside)."""
+    return route_experts_specs(decl) is not None
+
+
+def route_experts_applies(decl: RouteExperts) -> bool:
+    return (cuda_backend() and os.environ.get(ROUTE_EXPERTS_ENV) == "1"
+            and route_experts_fits_decl(decl))
+
+
+def route_experts_build(decl: RouteExperts) -> Callable[[mx.array, mx.array], mx.array]:
+    """The sparse block after the attention in one launch for one token; anything else goes
+    through the pair's declarations (and their bindings)."""
+    specs = route_experts_specs(decl)
+    assert specs is not None
+    project, route, gate_up = specs[0], decl.project_route.route, decl.experts.gate_up
+    router = route.router
+    assert router is not None and router.norm is not None and gate_up is not None
+    width, norm_weight = specs[2].k, router.norm.weight
+    separate = decl.reference()
+    # the launch's tickets and counts (six), zero between launches (its last block zeroes
+    # them); written in place, so owned here
+    counters = launch_counters(6)
+    evaluate(counters)
+    scratch = launch_scratch(route_experts_scratch(specs[1], specs[3], specs[4])[-1])
+
+    def run(a: mx.array, residual: mx.array) -> mx.array:
+        if (
+            a.size != project.k or a.dtype != project.dtype
+            or residual.dtype != project.dtype or residual.shape != (*a.shape[:-1], width)
+        ):
+            return separate(a, residual)
+        inputs = [a, *matrix_inputs(decl.project_route.project), residual,
+                  *matrix_inputs(router.matrices[0]), norm_weight, *_weights(gate_up),
+                  *_weights(decl.experts), counters]
+        return route_experts_launcher(*specs, tuple(a.shape[:-1]))(inputs, scratch)
+
+    return run
+
+
+def implementations() -> tuple[Any, Any, tuple[Any, Any], tuple[Any], tuple[Any]]:
     """(Implementation for Route, for GateUp, for DownCombine (the chain first), for
-    ProjectRoute)."""
+    ProjectRoute, for RouteExperts)."""
     from mlx_omnia.engine.core.binding import Implementation
 
     return (
@@ -354,5 +430,7 @@ def implementations() -> tuple[Any, Any, tuple[Any, Any], tuple[Any]]:
             Implementation("experts_cuda", experts_applies, down_combine_build),
         ),
         (Implementation("project_route_cuda", project_route_applies, project_route_build,
+                        chained=True),),
+        (Implementation("route_experts_cuda", route_experts_applies, route_experts_build,
                         chained=True),),
     )

@@ -40,6 +40,8 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import (
     chain_source,
     chain_wait,
     spec_fits,
+    staging,
+    staging_bytes,
 )
 
 MAX_EXPERTS = 512  # router width one warp holds in registers (16 logits per lane)
@@ -126,17 +128,35 @@ __device__ __forceinline__ void route(const T* logits, T* weights, unsigned int*
 // out[j][r] = rnd(act(rnd(x . G[ids[j]][r])) * rnd(x . U[ids[j]][r])), G and U the first and
 // last HID rows of each expert's stacked [2 * HID] rows, act silu; NORM: x RMS-normalized
 // first (weight g, eps). `block`: this block's index among the launch's gate/up blocks.
+// CG: x and ids were written by other blocks of this launch (read through L2), and `wait`,
+// `wait_for` say when (wait_published, first: the rows depend on ids); EXT: the staging lives
+// in the caller's shared buffer `ext` (StagingBytes).
 template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS,
-          bool NORM>
+          bool NORM, bool CG = false, bool EXT = false>
 __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* ids,
                                                const void* w, const T* s, const T* b, T* out,
-                                               const T* g, float eps, int block) {
+                                               const T* g, float eps, int block,
+                                               const int* wait = nullptr, int wait_for = 0,
+                                               char* ext = nullptr) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
-  __shared__ __align__(16) float xq[BITS == 0 ? 4 : K];
-  __shared__ float2 xsum[BITS == 0 ? 1 : CHUNKS];
-  __shared__ __align__(16) T xs[BITS == 0 ? K : 8];
+  using Staging = StagingBytes<T, BITS == 0 ? 4 : K, BITS == 0 ? 1 : CHUNKS, BITS == 0 ? K : 8>;
+  float* xq;
+  float2* xsum;
+  T* xs;
+  if constexpr (EXT) {
+    xq = reinterpret_cast<float*>(ext);
+    xsum = reinterpret_cast<float2*>(ext + Staging::SUM);
+    xs = reinterpret_cast<T*>(ext + Staging::RAW);
+  } else {
+    __shared__ __align__(16) float s_xq[BITS == 0 ? 4 : K];
+    __shared__ float2 s_xsum[BITS == 0 ? 1 : CHUNKS];
+    __shared__ __align__(16) T s_xs[BITS == 0 ? K : 8];
+    xq = s_xq;
+    xsum = s_xsum;
+    xs = s_xs;
+  }
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int GPW = 32 / LPR;
   const int grp = lane / LPR, sl = lane % LPR;
@@ -144,12 +164,15 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   const bool valid = pair < TOPK * HID;
   if (!valid) pair = 0;  // recomputes pair 0 (the shuffles need every lane), writes nothing
   const int j = pair / HID, r = pair % HID;
-  const int gate_row = (int)ids[j] * 2 * HID + r, up_row = gate_row + HID;
+  wait_published(wait, wait_for);
+  unsigned int id;
+  if constexpr (CG) id = __ldcg(ids + j); else id = ids[j];
+  const int gate_row = (int)id * 2 * HID + r, up_row = gate_row + HID;
   // The first chunk's weights are requested before the input is staged.
   const int c0 = min(sl, CHUNKS - 1);
   const typename Row::Load g0 = Row::load(w, s, b, gate_row, c0);
   const typename Row::Load u0 = Row::load(w, s, b, up_row, c0);
-  stage_rows<T, BITS, K, 1, NORM, NWARPS>(x, xq, xsum, xs, tid, NT, g, eps);
+  stage_rows<T, BITS, K, 1, NORM, NWARPS, CG>(x, xq, xsum, xs, tid, NT, g, eps);
   __syncthreads();
   // The gate and up rows' partial sums over chunk c.
   auto pair_dot = [&](int c, const typename Row::Load& gl, const typename Row::Load& ul,
@@ -193,23 +216,47 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
 // CG: h was written by other blocks of this launch (stage_rows reads it through L2), and
 // `wait`, `wait_for` say when it is there (wait_published, after the first weights are
 // requested).
+// HERE: ids, wts and res were written in this launch too (read through L2); `wait_ids`,
+// `ids_for` say when ids are there (before the first weights, whose rows depend on them).
+// EXT: the staging lives in the caller's shared buffer `ext` (StagingBytes).
 template <typename T, int BITS, int GROUP, int K, int OUT, int TOPK, int LPE, int NWARPS,
-          bool RESID, bool CG = false>
+          bool RESID, bool CG = false, bool HERE = false, bool EXT = false>
 __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids, const T* wts,
                                             const void* w, const T* s, const T* b, const T* res,
                                             T* y, int block, const int* wait = nullptr,
-                                            int wait_for = 0) {
+                                            int wait_for = 0, const int* wait_ids = nullptr,
+                                            int ids_for = 0, char* ext = nullptr) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
-  __shared__ __align__(16) float xq[BITS == 0 ? 4 : TOPK * K];
-  __shared__ float2 xsum[BITS == 0 ? 1 : TOPK * CHUNKS];
-  __shared__ __align__(16) T xs[BITS == 0 ? TOPK * K : 8];
+  using Staging = StagingBytes<T, BITS == 0 ? 4 : TOPK * K, BITS == 0 ? 1 : TOPK * CHUNKS,
+                               BITS == 0 ? TOPK * K : 8>;
+  float* xq;
+  float2* xsum;
+  T* xs;
+  if constexpr (EXT) {
+    xq = reinterpret_cast<float*>(ext);
+    xsum = reinterpret_cast<float2*>(ext + Staging::SUM);
+    xs = reinterpret_cast<T*>(ext + Staging::RAW);
+  } else {
+    __shared__ __align__(16) float s_xq[BITS == 0 ? 4 : TOPK * K];
+    __shared__ float2 s_xsum[BITS == 0 ? 1 : TOPK * CHUNKS];
+    __shared__ __align__(16) T s_xs[BITS == 0 ? TOPK * K : 8];
+    xq = s_xq;
+    xsum = s_xsum;
+    xs = s_xs;
+  }
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r = block * NWARPS + warp;
   const int j = lane / LPE, sl = lane % LPE;
   const bool mine = j < TOPK && r < OUT;
-  const int row = mine ? (int)ids[j] * OUT + r : 0;
+  wait_published(wait_ids, ids_for);
+  int row;
+  if constexpr (HERE) {
+    row = mine ? (int)__ldcg(ids + j) * OUT + r : 0;
+  } else {
+    row = mine ? (int)ids[j] * OUT + r : 0;
+  }
   // The lane's first PF chunks (up to 4) are requested before the block waits (in a chained
   // launch, for the gate/up blocks) and stages its k inputs.
   constexpr int PER_LANE = (CHUNKS + LPE - 1) / LPE;
@@ -246,11 +293,19 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   }
 #pragma unroll
   for (int o = LPE / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
-  float p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * to_f<T>(wts[j])) : 0.f;
+  float p;
+  if constexpr (HERE) {
+    p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * to_f<T>(__ldcg(wts + j))) : 0.f;
+  } else {
+    p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * to_f<T>(wts[j])) : 0.f;
+  }
   p = warp_sum(p);
   if (lane == 0 && r < OUT) {
     float v = rnd<T>(p);
-    if constexpr (RESID) v = rnd<T>(to_f<T>(res[r]) + v);
+    if constexpr (RESID) {
+      if constexpr (HERE) v = rnd<T>(to_f<T>(__ldcg(res + r)) + v);
+      else v = rnd<T>(to_f<T>(res[r]) + v);
+    }
     y[r] = from_f<T>(v);
   }
 }
@@ -404,6 +459,7 @@ class ExpertsSpec:
 
 
 WARPS = 8
+NO_WAIT = "nullptr, 0"  # a call's wait arguments when it does not wait
 
 
 def experts_fits(spec: ExpertsSpec) -> bool:
@@ -447,11 +503,15 @@ def experts_blocks(spec: ExpertsSpec) -> int:
 
 
 def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool = False,
-                 names: Mapping[str, str] | None = None, wait: str | None = None) -> str:
+                 names: Mapping[str, str] | None = None, wait: str | None = None,
+                 here: bool = False, wait_ids: str | None = None, ext: str | None = None) -> str:
     """The expert_gate_up / expert_down call. `block`: this block's index among the kernel's
-    blocks; `coherent` (down only): h is written by other blocks of the same launch, and
-    `wait` ("count, n": chain_wait) says when it is there; `names`: the launch's variable for
-    an input or output (experts_input_names, out) where it differs."""
+    blocks; `coherent`: the input (x or h; gate/up: the ids too) is written by other blocks of
+    the same launch, and `wait` ("count, n": chain_wait) says when it is there; `here` (down):
+    the ids, the routing weights and the residual are written in this launch too, `wait_ids`
+    says when the ids are; `ext`: the launch's shared buffer the input is staged in
+    (experts_staging_bytes); `names`: the launch's variable for an input or output
+    (experts_input_names, out) where it differs."""
     t = CUDA_TYPES[spec.dtype]
     bits, group = spec.bits or 0, spec.group_size or 1
     rename = dict(names or {})
@@ -461,16 +521,34 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
 
     margs = f"{n('w')}, {n('s')}, {n('b')}" if spec.bits is not None else f"{n('w')}, nullptr, nullptr"
     if spec.gate_up:
-        assert not coherent and wait is None, "gate/up reads x from an earlier launch"
+        assert not here and wait_ids is None, "gate/up reads its ids after `wait`"
         norm = spec.norm_eps is not None
         eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
+        more = coherent or wait is not None or ext is not None
+        flags = f", {flag(coherent)}, {flag(ext is not None)}" if more else ""
+        tail = f", {wait or NO_WAIT}, {ext or 'nullptr'}" if more else ""
         return (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
-                f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}>({n('x')}, {n('ids')}, "
-                f"{margs}, {n('out')}, {n('g') if norm else 'nullptr'}, {eps}, {block});\n")
+                f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}{flags}>({n('x')}, "
+                f"{n('ids')}, {margs}, {n('out')}, {n('g') if norm else 'nullptr'}, {eps}, "
+                f"{block}{tail});\n")
+    more = here or wait_ids is not None or ext is not None
+    flags = f", {flag(here)}, {flag(ext is not None)}" if more else ""
+    if more:
+        tail = f", {wait or NO_WAIT}, {wait_ids or NO_WAIT}, {ext or 'nullptr'}"
+    else:
+        tail = f", {wait}" if wait else ""
     return (f"omnia::expert_down<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
-            f"{spec.lanes}, {WARPS}, {flag(spec.residual)}, {flag(coherent)}>({n('h')}, "
+            f"{spec.lanes}, {WARPS}, {flag(spec.residual)}, {flag(coherent)}{flags}>({n('h')}, "
             f"{n('ids')}, {n('wts')}, {margs}, {n('res') if spec.residual else 'nullptr'}, "
-            f"{n('out')}, {block}{', ' + wait if wait else ''});\n")
+            f"{n('out')}, {block}{tail});\n")
+
+
+def experts_staging_bytes(spec: ExpertsSpec) -> int:
+    """Shared bytes the expert call stages its input in (`ext`): one row (gate/up) or top_k."""
+    values = spec.k * (1 if spec.gate_up else spec.top_k)
+    if spec.bits is None:
+        return staging(spec.dtype.size, 4, 1, values)
+    return staging(spec.dtype.size, values, values // spec.values_per_chunk, 8)
 
 
 @cache
@@ -626,5 +704,138 @@ def project_route_launcher(
                           output_shapes=shapes, output_dtypes=dtypes, grid=grid,
                           threadgroup=threads)
         return out[0], out[1], out[2]
+
+    return call
+
+
+# -- o_proj + residual -> router -> routing -> expert gate/up -> expert down, one launch --------
+STATIC_SMEM = 48 * 1024  # a block's static shared memory
+
+
+def route_experts_ext(project: QmvSpec, router: QmvSpec, up: ExpertsSpec,
+                      down: ExpertsSpec) -> int:
+    """Bytes of the launch's one staging buffer: the largest of its four phases' (a block runs
+    one phase, so they share it)."""
+    return max(staging_bytes(project), staging_bytes(router), experts_staging_bytes(up),
+               experts_staging_bytes(down))
+
+
+def route_experts_fits(project: QmvSpec, route: RouteSpec, router: QmvSpec, up: ExpertsSpec,
+                       down: ExpertsSpec) -> bool:
+    """project_route then the experts chain in one launch: each pair fits alone, the blocks
+    are one size, the experts read the projection's rows and add them back, the router and
+    the gate/up normalize with one eps (the caller checks it is one norm), and the shared
+    staging fits the block's static shared memory."""
+    chained = chained_router(router, route.n_experts, project.config.warps)
+    return (
+        project_route_fits(project, route, router) and chain_fits(up, down)
+        and project.config.warps == WARPS
+        and up.dtype == project.dtype and up.k == down.rows == project.rows[0]
+        and down.residual and up.top_k == down.top_k == route.top_k
+        and router.norm_eps is not None and up.norm_eps == router.norm_eps
+        and route_experts_ext(project, chained, up, down) + 1024 <= STATIC_SMEM
+    )
+
+
+def route_experts_scratch(route: RouteSpec, up: ExpertsSpec, down: ExpertsSpec
+                          ) -> tuple[int, int, int, int, int]:
+    """Byte offsets in the launch scratch of h, the logits, the routing weights, the ids and the
+    experts' intermediate rows, then its size."""
+    size = up.dtype.size
+
+    def r16(n: int) -> int:
+        return -(-n // 16) * 16
+
+    logits = r16(down.rows * size)
+    weights = logits + r16(route.n_experts * size)
+    ids = weights + r16(route.top_k * size)
+    mid = ids + r16(route.top_k * 4)
+    return logits, weights, ids, mid, mid + r16(up.top_k * up.rows * size)
+
+
+@cache
+def route_experts_launcher(
+    project: QmvSpec, route: RouteSpec, router: QmvSpec, up: ExpertsSpec, down: ExpertsSpec,
+    lead: tuple[int, ...] = (),
+) -> Callable[..., mx.array]:
+    """(a [*lead, in], the projection's weights..., residual [*lead, out], the router's
+    weights..., the norm weight [out], gate/up weights..., down weights..., counters [6] int32
+    zeros) -> residual + o + the experts' MLP of norm(residual + o), o = a @ P.T, in one launch
+    of four phases, tickets in order: the projection's qmv blocks write h (launch scratch) and
+    count (counters[1]); the router's blocks wait for them, write the logits, and the last of
+    them (counters[3]) routes and raises counters[4]; the gate/up blocks wait for that, read
+    the ids and h through L2 and count (counters[5]); the down blocks wait for the ids
+    (their first weights) and then the gate/up blocks, and add h back. Each phase is the same
+    device call as in project_route_launcher / chain_launcher, so the result is theirs, bit
+    for bit. A block waits only on lower tickets. The last down block zeroes the counters."""
+    chained = chained_router(router, route.n_experts, WARPS)
+    na, nb = blocks_of(project), blocks_of(chained)
+    nc, nd = experts_blocks(up), experts_blocks(down)
+    quant = project.bits is not None
+    r_quant, e_quant = router.bits is not None, up.bits is not None
+    names = ("a", "pw", *(("ps", "pb") if quant else ()), "res", "rw",
+             *(("rs", "rb") if r_quant else ()), "g", "w1", *(("s1", "b1") if e_quant else ()),
+             "w2", *(("s2", "b2") if e_quant else ()), "counters", "scratch")
+    ty = CUDA_TYPES[route.dtype]
+    logits, weights, ids, mid, _ = route_experts_scratch(route, up, down)
+    ext = route_experts_ext(project, chained, up, down)
+    published = (
+        "  __threadfence();\n  __syncthreads();\n"
+        "  if (threadIdx.x == 0) atomicAdd(count + {}, 1);\n"
+    )
+    source = (
+        f"__shared__ __align__(16) char ext[{ext}];\n"
+        "__shared__ int ticket;\n__shared__ int routes;\n"
+        "int* count = const_cast<int*>(counters);\n"
+        "char* sc = reinterpret_cast<char*>(const_cast<float*>(scratch));\n"
+        f"{ty}* h = reinterpret_cast<{ty}*>(sc);\n"
+        f"{ty}* logits = reinterpret_cast<{ty}*>(sc + {logits});\n"
+        f"{ty}* wts = reinterpret_cast<{ty}*>(sc + {weights});\n"
+        f"unsigned int* ids = reinterpret_cast<unsigned int*>(sc + {ids});\n"
+        f"{ty}* mid = reinterpret_cast<{ty}*>(sc + {mid});\n"
+        "if (threadIdx.x == 0) ticket = atomicAdd(count, 1);\n"
+        "__syncthreads();\n"
+        "const int t = ticket;\n"
+        f"if (t < {na}) {{\n"
+        + project.source(block="t", names={"x": "a", "w0": "pw", "s0": "ps", "b0": "pb",
+                                           "y0": "h"}, ext="ext")
+        + published.format(1) + "  return;\n}\n"
+        f"if (t < {na + nb}) {{\n"
+        + chained.source(block=f"t - {na}", coherent=True,
+                         names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"},
+                         wait=chain_wait(na), ext="ext")
+        + "  __threadfence();\n  __syncthreads();\n"
+        f"  if (threadIdx.x == 0) routes = atomicAdd(count + 3, 1) == {nb - 1};\n"
+        "  __syncthreads();\n"
+        "  if (routes) {\n    __threadfence();\n"
+        f"    if (threadIdx.x < 32) omnia::route<{ty}, {route.n_experts}, {route.top_k}, "
+        f"{int(route.topk_first)}, {flag(route.normalize)}, true>(logits, wts, ids);\n"
+        + published.format(4) + "  }\n  return;\n}\n"
+        f"if (t < {na + nb + nc}) {{\n"
+        + experts_call(up, block=f"t - {na + nb}", coherent=True, wait="count + 4, 1",
+                       names={"x": "h", "w": "w1", "s": "s1", "b": "b1", "out": "mid"},
+                       ext="ext")
+        + published.format(5) + "  return;\n}\n"
+        + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
+                       wait=f"count + 5, {nc}", wait_ids="count + 4, 1",
+                       names={"h": "mid", "w": "w2", "s": "s2", "b": "b2", "res": "h"},
+                       ext="ext")
+        + f"if (threadIdx.x == 0 && atomicAdd(count + 2, 1) == {nd - 1}) {{\n"
+        "  count[0] = 0; count[1] = 0; count[2] = 0; count[3] = 0; count[4] = 0; count[5] = 0;\n"
+        "}\n"
+    )
+    prefix = len("omnia_experts_")
+    kernel = cuda_kernel(
+        f"omnia_route_experts__{project.name()}__{route.name()}__{chained.name()}__"
+        f"{up.name()[prefix:]}__{down.name()[prefix:]}", names, ("out",), source, MOE_HEADER)
+    shapes = [(*lead, down.rows)]
+    grid, threads = ((na + nb + nc + nd) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
+    own = own_scratch(route_experts_scratch(route, up, down)[-1])
+
+    def call(inputs: Sequence[mx.array], scratch: mx.array | None = None) -> mx.array:
+        out: Any = kernel(inputs=[*inputs, scratch if scratch is not None else own()],
+                          output_shapes=shapes, output_dtypes=[up.dtype], grid=grid,
+                          threadgroup=threads)
+        return out[0]
 
     return call

@@ -162,6 +162,16 @@ struct QmvRow {
   }
 };
 
+// Byte offsets of a staged input carved from a caller's shared buffer: QN floats (the staged
+// values), then SN float2 (each chunk's sum and unscale), then XN values of T (the input as it
+// is), each part 16-byte aligned; BYTES in all (staging_bytes in Python computes the same).
+template <typename T, int QN, int SN, int XN>
+struct StagingBytes {
+  static constexpr int SUM = (QN * 4 + 15) / 16 * 16;
+  static constexpr int RAW = SUM + (SN * 8 + 15) / 16 * 16;
+  static constexpr int BYTES = RAW + (XN * (int)sizeof(T) + 15) / 16 * 16;
+};
+
 // 1 / rms of one row of K values, for every thread of the block (NWARPS warps): the sum of
 // squares in float as mx.fast.rms_norm takes it, each warp's part, then the warps' in order.
 template <typename T, int K, int NWARPS, bool CG = false>
@@ -291,11 +301,11 @@ template <typename T> __device__ __forceinline__ float gelu_tanh_r(float g) {
 // `wait_for` say when it is there (wait_published, after the first weights are requested).
 template <typename T, int BITS, int GROUP, int K, int N0, int N1, int N2, int R, int LPR,
           int NWARPS, int UNROLL, int PREF, int LOOP, bool NORM, int ACT, bool RESID,
-          bool CG = false>
+          bool CG = false, bool EXT = false>
 __device__ __forceinline__ void qmv(
     const T* x, const void* w0, const T* s0, const T* b0, const void* w1, const T* s1,
     const T* b1, const void* w2, const T* s2, const T* b2, const T* g, const T* res, T* y0, T* y1, T* y2,
-    float eps, int block, const int* wait = nullptr, int wait_for = 0) {
+    float eps, int block, const int* wait = nullptr, int wait_for = 0, char* ext = nullptr) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int ROWS = ACT == 0 ? N0 + N1 + N2 : N0;
@@ -304,9 +314,24 @@ __device__ __forceinline__ void qmv(
   // [VPC / 4][CHUNKS] float4 (a warp's lanes read neighbouring chunks: no bank conflicts), with
   // each chunk's sum; dense weights (and inputs too wide for that) take it in T.
   constexpr bool XF = BITS != 0 && K <= 10240;
-  __shared__ __align__(16) float xq[XF ? K : 4];
-  __shared__ float2 xsum[XF ? CHUNKS : 1];
-  __shared__ __align__(16) T xs[XF ? 8 : K];
+  // EXT: the staging lives in `ext`, shared memory of the caller's (a launch whose phases never
+  // run in one block shares one buffer among them: StagingBytes says its size).
+  using Staging = StagingBytes<T, XF ? K : 4, XF ? CHUNKS : 1, XF ? 8 : K>;
+  float* xq;
+  float2* xsum;
+  T* xs;
+  if constexpr (EXT) {
+    xq = reinterpret_cast<float*>(ext);
+    xsum = reinterpret_cast<float2*>(ext + Staging::SUM);
+    xs = reinterpret_cast<T*>(ext + Staging::RAW);
+  } else {
+    __shared__ __align__(16) float s_xq[XF ? K : 4];
+    __shared__ float2 s_xsum[XF ? CHUNKS : 1];
+    __shared__ __align__(16) T s_xs[XF ? 8 : K];
+    xq = s_xq;
+    xsum = s_xsum;
+    xs = s_xs;
+  }
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   // This lane's rows. Each warp holds 32 / LPR groups of LPR lanes; a group computes R whole
@@ -562,12 +587,14 @@ class QmvSpec:
         return "_".join(parts)
 
     def source(self, *, block: str = "blockIdx.x", coherent: bool = False,
-               names: Mapping[str, str] | None = None, wait: str | None = None) -> str:
+               names: Mapping[str, str] | None = None, wait: str | None = None,
+               ext: str | None = None) -> str:
         """The qmv call. `block`: the expression of this block's index among the qmv blocks;
         `coherent`: x is written by other blocks of the same launch (read through L2);
         `names`: the launch's variable for each of the call's inputs and outputs (x, w0, ...,
         y0, ...) where it differs (a chained launch holds two calls); `wait`: "count, n" for
-        a chained launch's second phase (chain_wait)."""
+        a chained launch's second phase (chain_wait); `ext`: the launch's shared buffer the
+        input is staged in (at least staging_bytes(self)), instead of the call's own."""
         t = CUDA_TYPES[self.dtype]
         inputs = set(self.input_names())
         n = list(self.rows) + [0] * (3 - len(self.rows))
@@ -586,11 +613,12 @@ class QmvSpec:
             f"omnia::qmv<{t}, {bits}, {group}, {self.k}, {n[0]}, {n[1]}, {n[2]}, "
             f"{cfg.rows}, {cfg.lanes}, {cfg.warps}, {cfg.unroll}, {cfg.prefetch}, {cfg.loop}, "
             f"{flag(self.norm_eps is not None)}, {act}, "
-            f"{flag(self.residual)}, {flag(coherent)}>(\n"
+            f"{flag(self.residual)}, {flag(coherent)}{', true' if ext else ''}>(\n"
             f"    {arg('x')}, {arg('w0')}, {arg('s0')}, {arg('b0')}, {arg('w1')}, {arg('s1')}, "
             f"{arg('b1')}, {arg('w2')}, {arg('s2')}, {arg('b2')}, {arg('g')}, {arg('res')}, "
             f"{', '.join(outs)}, "
-            f"{eps}, {block}{', ' + wait if wait else ''});\n"
+            f"{eps}, {block}{', ' + wait if wait else ''}"
+            f"{(', ' if wait else ', nullptr, 0, ') + ext if ext else ''});\n"
         )
 
 
@@ -655,6 +683,21 @@ def qmv_smem(spec: QmvSpec) -> int:
     else:
         staged = 16 + 8 + spec.k * size
     return staged + 4 * spec.config.warps
+
+
+def staging(item: int, floats: int, sums: int, raw: int) -> int:
+    """Bytes of a staged input in a caller's shared buffer (the header's StagingBytes): the
+    floats, the chunk sums (float2), the raw values (`item` bytes each), each part 16-byte
+    aligned."""
+    return sum(-(-n // 16) * 16 for n in (4 * floats, 8 * sums, item * raw))
+
+
+def staging_bytes(spec: QmvSpec) -> int:
+    """Shared bytes the qmv call stages its input in (`ext`)."""
+    floats = spec.bits is not None and spec.k <= MAX_ROWS_STAGED
+    chunks = spec.k // (8 if spec.bits is None else 128 // spec.bits)
+    return staging(spec.dtype.size, spec.k if floats else 4, chunks if floats else 1,
+                   8 if floats else spec.k)
 
 
 def blocks_of(spec: QmvSpec) -> int:
