@@ -11,6 +11,8 @@ def flag(value: bool) -> str:
 
 
 # CUDA C type of each activation dtype the kernels take.
+STATIC_SMEM = 48 * 1024  # a block's static shared memory
+
 CUDA_TYPES: dict[mx.Dtype, str] = {mx.bfloat16: "__nv_bfloat16", mx.float16: "__half"}
 
 HEADER = r"""

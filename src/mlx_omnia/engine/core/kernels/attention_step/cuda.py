@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.cache import OFFSET_SLOTS
 from mlx_omnia.engine.core.kernels import cuda_kernel, own_scratch
-from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, flag
+from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, HEADER, STATIC_SMEM, flag
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     QMV_HEADER,
     Launch,
@@ -514,9 +514,6 @@ def spec_fits(spec: AttentionStepSpec) -> bool:
 
 
 # -- q/k/v then attention, one launch -------------------------------------------------------
-STATIC_SMEM = 48 * 1024  # a block's static shared memory
-
-
 def attention_smem(spec: AttentionStepSpec) -> int:
     """Bytes of the attention device function's static shared memory (hs, p, stat, buf, last)."""
     g, d, kpb = spec.n_heads // spec.n_kv_heads, spec.head_dim, spec.keys_per_block
@@ -554,17 +551,16 @@ def project_attend_fits(qkv: QmvSpec, spec: AttentionStepSpec) -> bool:
     )
 
 
-def project_attend_qkv_words(spec: AttentionStepSpec) -> int:
-    """float32 words of the scratch before the partials: q, k and v (16-byte aligned)."""
-    h, kv, d = spec.n_heads, spec.n_kv_heads, spec.head_dim
-    return -(-(h + 2 * kv) * d * 4 // 16) * 4
+def project_attend_qkv_bytes(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+    """Scratch bytes before the partials: q, k and v (at most 4 bytes a value, 16-byte
+    aligned)."""
+    return -(-(n_heads + 2 * n_kv_heads) * head_dim * 4 // 16) * 16
 
 
 def project_attend_scratch_bytes(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
-    """Scratch bytes of project_attend at any capacity: q, k, v (at most 4 bytes a value) and
-    the partials."""
-    qkv = -(-(n_heads + 2 * n_kv_heads) * head_dim * 4 // 16) * 16
-    return qkv + partials_bytes(n_heads, head_dim)
+    """Scratch bytes of project_attend at any capacity: q, k, v and the partials."""
+    return (project_attend_qkv_bytes(n_heads, n_kv_heads, head_dim)
+            + partials_bytes(n_heads, head_dim))
 
 
 @cache
@@ -584,7 +580,7 @@ def project_attend_launcher(
     names = ("x", *qkv_inputs, *att_inputs, "heads", "counters", "scratch")
     t = CUDA_TYPES[spec.dtype]
     h, kv, d = spec.n_heads, spec.n_kv_heads, spec.head_dim
-    qkv_words = project_attend_qkv_words(spec)
+    qkv_words = project_attend_qkv_bytes(h, kv, d) // 4
     source = (
         f"{t}* q = reinterpret_cast<{t}*>(const_cast<float*>(scratch));\n"
         f"{t}* k = q + {h * d};\n{t}* v = k + {kv * d};\n"

@@ -30,7 +30,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlx_omnia.engine.core.kernels import cuda_kernel, own_scratch
-from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, flag
+from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES, STATIC_SMEM, flag
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     MAX_ROWS_STAGED,
     QMV_HEADER,
@@ -146,9 +146,7 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   float2* xsum;
   T* xs;
   if constexpr (EXT) {
-    xq = reinterpret_cast<float*>(ext);
-    xsum = reinterpret_cast<float2*>(ext + Staging::SUM);
-    xs = reinterpret_cast<T*>(ext + Staging::RAW);
+    Staging::carve(ext, xq, xsum, xs);
   } else {
     __shared__ __align__(16) float s_xq[BITS == 0 ? 4 : K];
     __shared__ float2 s_xsum[BITS == 0 ? 1 : CHUNKS];
@@ -235,9 +233,7 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   float2* xsum;
   T* xs;
   if constexpr (EXT) {
-    xq = reinterpret_cast<float*>(ext);
-    xsum = reinterpret_cast<float2*>(ext + Staging::SUM);
-    xs = reinterpret_cast<T*>(ext + Staging::RAW);
+    Staging::carve(ext, xq, xsum, xs);
   } else {
     __shared__ __align__(16) float s_xq[BITS == 0 ? 4 : TOPK * K];
     __shared__ float2 s_xsum[BITS == 0 ? 1 : TOPK * CHUNKS];
@@ -709,9 +705,6 @@ def project_route_launcher(
 
 
 # -- o_proj + residual -> router -> routing -> expert gate/up -> expert down, one launch --------
-STATIC_SMEM = 48 * 1024  # a block's static shared memory
-
-
 def route_experts_ext(project: QmvSpec, router: QmvSpec, up: ExpertsSpec,
                       down: ExpertsSpec) -> int:
     """Bytes of the launch's one staging buffer: the largest of its four phases' (a block runs
@@ -824,10 +817,13 @@ def route_experts_launcher(
         "  count[0] = 0; count[1] = 0; count[2] = 0; count[3] = 0; count[4] = 0; count[5] = 0;\n"
         "}\n"
     )
-    prefix = len("omnia_experts_")
+    # the four calls' names would pass 255 characters (MLX names its cached module files by
+    # the kernel's name): the route's and down's names, and a digest of all four
+    full = f"{project.name()}|{route.name()}|{chained.name()}|{up.name()}|{down.name()}"
+    digest = hashlib.sha1(full.encode()).hexdigest()[:16]
     kernel = cuda_kernel(
-        f"omnia_route_experts__{project.name()}__{route.name()}__{chained.name()}__"
-        f"{up.name()[prefix:]}__{down.name()[prefix:]}", names, ("out",), source, MOE_HEADER)
+        f"omnia_route_experts__{route.name()}__{down.name()[len('omnia_experts_'):]}_{digest}",
+        names, ("out",), source, MOE_HEADER)
     shapes = [(*lead, down.rows)]
     grid, threads = ((na + nb + nc + nd) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
     own = own_scratch(route_experts_scratch(route, up, down)[-1])

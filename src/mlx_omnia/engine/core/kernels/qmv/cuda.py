@@ -170,6 +170,12 @@ struct StagingBytes {
   static constexpr int SUM = (QN * 4 + 15) / 16 * 16;
   static constexpr int RAW = SUM + (SN * 8 + 15) / 16 * 16;
   static constexpr int BYTES = RAW + (XN * (int)sizeof(T) + 15) / 16 * 16;
+  // The three parts' places in `ext`.
+  static __device__ __forceinline__ void carve(char* ext, float*& xq, float2*& xsum, T*& xs) {
+    xq = reinterpret_cast<float*>(ext);
+    xsum = reinterpret_cast<float2*>(ext + SUM);
+    xs = reinterpret_cast<T*>(ext + RAW);
+  }
 };
 
 // 1 / rms of one row of K values, for every thread of the block (NWARPS warps): the sum of
@@ -321,9 +327,7 @@ __device__ __forceinline__ void qmv(
   float2* xsum;
   T* xs;
   if constexpr (EXT) {
-    xq = reinterpret_cast<float*>(ext);
-    xsum = reinterpret_cast<float2*>(ext + Staging::SUM);
-    xs = reinterpret_cast<T*>(ext + Staging::RAW);
+    Staging::carve(ext, xq, xsum, xs);
   } else {
     __shared__ __align__(16) float s_xq[XF ? K : 4];
     __shared__ float2 s_xsum[XF ? CHUNKS : 1];
