@@ -266,6 +266,7 @@ def build_route_experts() -> None:
         RouteSpec,
         route_experts_fits,
         route_experts_launcher,
+        route_experts_project,
     )
     from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
 
@@ -274,8 +275,9 @@ def build_route_experts() -> None:
             # qwen3-30b-a3b (4096 -> 2048, 128 experts of 768, top 8), a small test shape
             for k_in, hidden, e, inner, top in ((4096, 2048, 128, 768, 8), (256, 256, 8, 64, 2),
                                                 (512, 256, 60, 128, 4)):
-                project = QmvSpec(dtype=dtype, k=k_in, rows=(hidden,), bits=bits,
-                                  group_size=group, residual=True)
+                project = route_experts_project(QmvSpec(
+                    dtype=dtype, k=k_in, rows=(hidden,), bits=bits, group_size=group,
+                    residual=True))
                 router = QmvSpec(dtype=dtype, k=hidden, rows=(e,), bits=bits, group_size=group,
                                  norm_eps=1e-6)
                 route = RouteSpec(dtype, e, top, False, True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -38,9 +39,11 @@ from mlx_omnia.engine.core.kernels.moe import (
     experts_fits_decl,
     project_route_applies,
     project_route_fits_decl,
+    project_route_specs,
     route_applies,
     route_experts_applies,
     route_experts_fits_decl,
+    route_experts_specs,
     route_fits_decl,
     routed_spec,
 )
@@ -527,12 +530,12 @@ def test_project_route_is_the_projection_then_the_routing() -> None:
 
 def route_experts(*, up: dict[str, object] | None = None, down: dict[str, object] | None = None,
                   route: dict[str, object] | None = None, shared_norm: bool = True,
-                  n_experts: int = 8) -> RouteExperts:
+                  n_experts: int = 8, k_in: int = 4096) -> RouteExperts:
     """qwen3_moe's sparse block after the attention (small): o_proj (4096 -> 256, 4-bit), the
     routing of the sum (a 4-bit router after the post-attention norm), then the experts
     (4-bit, gate/up after that same norm), unless the arguments change one property."""
     post = norm(256)
-    pair = ProjectRoute(linear(4096, 256, bits=4),
+    pair = ProjectRoute(linear(k_in, 256, bits=4),
                         routed(n_experts, router_norm=post, **{"bits": 4, **(route or {})}))  # type: ignore[arg-type]
     experts = chain(up={"norm": post if shared_norm else norm(256), **(up or {})}, down=down)
     return RouteExperts(pair, experts)
@@ -542,6 +545,8 @@ ROUTE_EXPERTS_ACCEPTED: dict[str, Callable[[], RouteExperts]] = {
     "4-bit": lambda: route_experts(),
     "dense experts and router": lambda: route_experts(up={"bits": None}, down={"bits": None},
                                                       route={"bits": None}),
+    # its own launch would take 4 warps (8 lanes a row); here it runs at the experts' 8
+    "short 4-bit projection": lambda: route_experts(k_in=256),
 }
 ROUTE_EXPERTS_DECLINED: dict[str, Callable[[], RouteExperts]] = {
     "gate/up after another norm": lambda: route_experts(shared_norm=False),
@@ -561,6 +566,18 @@ def test_route_experts_accepts_the_chain_it_computes(case: str) -> None:
 @pytest.mark.parametrize("case", sorted(ROUTE_EXPERTS_DECLINED))
 def test_route_experts_declines_a_chain_differing_in_one_property(case: str) -> None:
     assert not route_experts_fits_decl(ROUTE_EXPERTS_DECLINED[case]())
+
+
+def test_route_experts_runs_the_projection_at_the_experts_block_size() -> None:
+    """The four phases share one block size: a projection whose own launch takes 4 warps runs
+    with 8, its lanes (which set its sums) unchanged."""
+    decl = route_experts(k_in=256)
+    own = project_route_specs(decl.project_route)
+    specs = route_experts_specs(decl)
+    assert own is not None and specs is not None
+    assert own[0].config.warps == 4 and specs[0].config.warps == 8
+    assert specs[0].config.lanes == own[0].config.lanes
+    assert replace(specs[0], launch=None) == replace(own[0], launch=None)
 
 
 def test_route_experts_binds_only_when_asked_until_run_on_a_gpu(

@@ -31,6 +31,7 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     project_route_launcher,
     route_experts_fits,
     route_experts_launcher,
+    route_experts_project,
     route_experts_scratch,
     route_fits,
     route_launcher,
@@ -372,9 +373,10 @@ def route_experts_specs(
     if not route.n_experts == gate_up.n_experts == decl.experts.n_experts:
         return None
     chain = chain_specs(decl.experts, route.top_k, residual=True)
-    if chain is None or not route_experts_fits(*pair, *chain):
+    project = route_experts_project(pair[0])
+    if chain is None or not route_experts_fits(project, *pair[1:], *chain):
         return None
-    return (*pair, *chain)
+    return (project, *pair[1:], *chain)
 
 
 def route_experts_fits_decl(decl: RouteExperts) -> bool:

@@ -713,6 +713,15 @@ def route_experts_ext(project: QmvSpec, router: QmvSpec, up: ExpertsSpec,
                experts_staging_bytes(down))
 
 
+def route_experts_project(project: QmvSpec) -> QmvSpec:
+    """The projection as RouteExperts runs it: the four phases share one block size, the
+    experts' WARPS (a launch's warps do not change its sums, only how many rows a block
+    computes)."""
+    if project.config.warps == WARPS:
+        return project
+    return replace(project, launch=replace(project.config, warps=WARPS))
+
+
 def route_experts_fits(project: QmvSpec, route: RouteSpec, router: QmvSpec, up: ExpertsSpec,
                        down: ExpertsSpec) -> bool:
     """project_route then the experts chain in one launch: each pair fits alone, the blocks
