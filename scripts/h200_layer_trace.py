@@ -14,6 +14,7 @@ engine's kernels are not changed."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 import tempfile
@@ -90,6 +91,40 @@ def patch() -> None:
 
     for mod in (qmv, moe, attention_step):
         mod.launch_counters = counters  # type: ignore[attr-defined]
+    plain_kernel = moe_cuda.cuda_kernel
+
+    def kernel(name: str, *args: Any) -> Any:
+        if name.startswith("omnia_route_experts"):
+            args = (*args[:2], traced_route_experts(args[2]), *args[3:])
+        return plain_kernel(name, *args)
+
+    moe_cuda.cuda_kernel = kernel  # type: ignore[attr-defined]
+
+
+# RouteExperts (OMNIA_ROUTE_EXPERTS=0 leaves it out): its own four-phase body, stamped the same way past its
+# 6 counter slots; its phases' first tickets, read from the source
+PHASES: list[int] = []
+OFFSET = {"route_experts": 6}
+
+
+def traced_route_experts(source: str) -> str:
+    import re
+
+    PHASES[:] = [0, *(int(n) for n in re.findall(r"^if \(t < (\d+)\)", source, re.M))]
+    end = ("if (threadIdx.x == 0) { long long e; " + STAMP.format("e")
+           + " omnia_tr[0] = omnia_t0; omnia_tr[1] = omnia::omnia_released; omnia_tr[2] = e; }\n")
+    first = "if (threadIdx.x == 0) ticket = atomicAdd(count, 1);\n"
+    last = "if (threadIdx.x == 0 && atomicAdd(count + 2, 1)"
+    assert source.count(first) == 1 and source.count(last) == 1 and len(PHASES) == 4
+    return (
+        "long long omnia_t0; " + STAMP.format("omnia_t0") + "\n"
+        + source.replace(first, "if (threadIdx.x == 0) { ticket = atomicAdd(count, 1); "
+                                "omnia::omnia_released = 0; }\n")
+        .replace("const int t = ticket;\n", "const int t = ticket;\nlong long* omnia_tr = "
+                 "reinterpret_cast<long long*>(count + 6) + (size_t)t * 3;\n")
+        .replace("  return;\n", end + "  return;\n")
+        .replace(last, "__syncthreads();\n" + end + last)
+    )
 
 
 def main() -> None:
@@ -130,10 +165,33 @@ def main() -> None:
     report([(name, np.array(s)) for (name, _), s in zip(TRACED, snap, strict=True)], layers)
 
 
+PHASE_ROWS: dict[str, list[list[float]]] = {}
+
+
+def report_phases(name: str, tr: np.ndarray) -> None:
+    """Per phase of a four-phase launch: when its blocks started, were released, ended (us
+    from the launch's first start); the medians over the step's launches print at the end."""
+    tr = tr[: int(np.nonzero(tr[:, 2] > 0)[0].max()) + 1] if (tr[:, 2] > 0).any() else tr[:0]
+    if not len(tr):
+        return
+    start = int(tr[:, 0].min())
+    bounds = [*PHASES, len(tr)]
+    row: list[float] = []
+    for p in range(4):
+        ph = tr[bounds[p]:bounds[p + 1]]
+        rel = ph[ph[:, 1] > 0]
+        row += [(int(ph[:, 0].max()) - start) / 1e3,
+                (statistics.median(rel[:, 1].tolist()) - start) / 1e3 if len(rel) else 0.0,
+                (int(ph[:, 2].max()) - start) / 1e3]
+    PHASE_ROWS.setdefault(name, []).append(row)
+
+
 def report(traced: list[tuple[str, np.ndarray]], layers: int) -> None:
     launches = []
     for name, arr in traced:
-        tr = arr[4:].view(np.int64).reshape(-1, 3)
+        tr = arr[OFFSET.get(name, 4):][: 2 * 3 * MAX_BLOCKS].view(np.int64).reshape(-1, 3)
+        if name in OFFSET:  # A: the projection; B: the three phases after it
+            report_phases(name, tr)
         tr = tr[tr[:, 2] > 0]
         if len(tr):
             launches.append((name, tr))
@@ -181,6 +239,13 @@ def report(traced: list[tuple[str, np.ndarray]], layers: int) -> None:
         print(f"  {name} ({len(rows)} launches)")
         for c, v in zip(cols, med, strict=True):
             print(f"    {c:22s} {v:8.1f}")
+    for name, rows in PHASE_ROWS.items():
+        print(f"  {name} by phase (medians of {len(rows)} launches; us from the launch's start): "
+              f"blocks {[b - a for a, b in itertools.pairwise(PHASES)]} + the rest")
+        for p, phase in enumerate(("projection", "router+route", "gate/up", "down")):
+            m = [statistics.median(r[3 * p + j] for r in rows) for j in range(3)]
+            print(f"    {phase:14s} last start {m[0]:6.1f}  released median {m[1]:6.1f}  "
+                  f"last end {m[2]:6.1f}")
 
 
 if __name__ == "__main__":

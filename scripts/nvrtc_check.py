@@ -260,7 +260,7 @@ def build_project_route() -> None:
 
 def build_route_experts() -> None:
     """o_proj + residual -> router -> routing -> expert gate/up -> down, one launch (qwen3_moe's
-    RouteExperts, opt-in: OMNIA_ROUTE_EXPERTS=1)."""
+    RouteExperts)."""
     from mlx_omnia.engine.core.kernels.moe.cuda import (
         ExpertsSpec,
         RouteSpec,

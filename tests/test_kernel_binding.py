@@ -580,14 +580,11 @@ def test_route_experts_runs_the_projection_at_the_experts_block_size() -> None:
     assert replace(specs[0], launch=None) == replace(own[0], launch=None)
 
 
-def test_route_experts_binds_only_when_asked_until_run_on_a_gpu(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Opt-in (OMNIA_ROUTE_EXPERTS=1) until its comparison test has run on the H200; never on
-    the CPU."""
-    monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "1")
+def test_route_experts_binds_on_a_gpu_unless_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never on the CPU; on a GPU unless OMNIA_ROUTE_EXPERTS=0 (A/B runs)."""
+    monkeypatch.delenv("OMNIA_ROUTE_EXPERTS", raising=False)
     assert route_experts_applies(route_experts()) == cuda_backend()
-    monkeypatch.delenv("OMNIA_ROUTE_EXPERTS")
+    monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "0")
     assert not route_experts_applies(route_experts())
 
 

@@ -577,7 +577,7 @@ def test_route_experts_equals_project_route_then_the_experts_chain(
     counters return to zero)."""
     from mlx_omnia.engine.core.moe import RouteExperts
 
-    monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "1")
+    monkeypatch.delenv("OMNIA_ROUTE_EXPERTS", raising=False)
     if fmt[0] is None and n * hidden * width > 64 * 2**20:
         n = 16
     post = make_norm(width, dtype)
@@ -698,14 +698,13 @@ def test_moe_model_greedy_tokens_agree_with_the_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route_experts: bool
 ) -> None:
     """A qwen3_moe whose every declaration binds a kernel (4-bit): greedy tokens through the
-    compiled kernel step agree with the core path's (assert_greedy_agrees); with
-    OMNIA_ROUTE_EXPERTS=1 its sparse blocks run in one launch after the attention's."""
+    compiled kernel step agree with the core path's (assert_greedy_agrees); its sparse blocks
+    run in one launch after the attention's (RouteExperts) unless OMNIA_ROUTE_EXPERTS=0."""
 
     from mlx_omnia import load
     from mlx_omnia.bench import shapes
 
-    if route_experts:
-        monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "1")
+    monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "1" if route_experts else "0")
 
     shapes.SHAPES["test-moe"] = dict(
         shapes.SHAPES["tiny-moe"], hidden_size=256, moe_intermediate_size=128, num_experts=8,

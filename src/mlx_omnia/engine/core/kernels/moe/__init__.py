@@ -353,7 +353,8 @@ def project_route_build(
     return project_route
 
 
-# Opt-in until its tests have run on the H200 (written 2026-12-04 without a device).
+# OMNIA_ROUTE_EXPERTS=0 leaves RouteExperts' one launch out (the pair's two launches run), for
+# A/B runs on a device.
 ROUTE_EXPERTS_ENV = "OMNIA_ROUTE_EXPERTS"
 
 
@@ -385,7 +386,7 @@ def route_experts_fits_decl(decl: RouteExperts) -> bool:
 
 
 def route_experts_applies(decl: RouteExperts) -> bool:
-    return (cuda_backend() and os.environ.get(ROUTE_EXPERTS_ENV) == "1"
+    return (cuda_backend() and os.environ.get(ROUTE_EXPERTS_ENV, "") != "0"
             and route_experts_fits_decl(decl))
 
 
