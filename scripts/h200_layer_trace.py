@@ -99,10 +99,10 @@ def patch() -> None:
             print(f"{var} = {value}")
     plain_kernel = moe_cuda.cuda_kernel
 
-    def kernel(name: str, *args: Any) -> Any:
+    def kernel(name: str, *args: Any, **kwargs: Any) -> Any:
         if name.startswith("omnia_route_experts"):
             args = (*args[:2], traced_route_experts(args[2]), *args[3:])
-        return plain_kernel(name, *args)
+        return plain_kernel(name, *args, **kwargs)
 
     moe_cuda.cuda_kernel = kernel  # type: ignore[attr-defined]
 
