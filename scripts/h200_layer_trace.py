@@ -31,7 +31,7 @@ STEPS = 40
 TRACED: list[tuple[str, mx.array]] = []
 
 STAMP = 'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"({}));'
-WAIT_OLD = """    while (atomicAdd(const_cast<int*>(count), 0) < n) __nanosleep(100);
+WAIT_OLD = """    while (load_acquire(count) < n) __nanosleep(100);
     __threadfence();
 """
 WAIT_NEW = WAIT_OLD + "    " + STAMP.format("omnia_released") + "\n"

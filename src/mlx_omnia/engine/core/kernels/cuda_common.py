@@ -93,11 +93,19 @@ __device__ __forceinline__ float small_uint_to_float(unsigned int q) {
 // The second phase of a chained launch (chain_source): the block waits until `count` reaches
 // n, the first phase's blocks having published, then reads what they wrote. Called after the
 // block's first loads (weights, cached rows) are issued, so their latency overlaps the wait.
-// Nothing when count is null (a launch of its own).
+// Nothing when count is null (a launch of its own). The count is polled by an acquire load,
+// not an atomic: hundreds of blocks may be waiting on one counter, and atomics on one address
+// are serialized in L2, delaying the publishers' own.
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ void wait_published(const int* count, int n) {
   if (count == nullptr) return;
   if (threadIdx.x == 0) {
-    while (atomicAdd(const_cast<int*>(count), 0) < n) __nanosleep(100);
+    while (load_acquire(count) < n) __nanosleep(100);
     __threadfence();
   }
   __syncthreads();
