@@ -15,7 +15,6 @@ engine's kernels are not changed."""
 from __future__ import annotations
 
 import itertools
-import os
 import statistics
 import sys
 import tempfile
@@ -92,11 +91,6 @@ def patch() -> None:
 
     for mod in (qmv, moe, attention_step):
         mod.launch_counters = counters  # type: ignore[attr-defined]
-    # RouteExperts' __launch_bounds__ (blocks an SM; 0: none) and gate/up pairs a lane group
-    for var in ("RESIDENT_BLOCKS", "UP_PAIRS"):
-        if (value := os.environ.get(f"TRACE_{var}")) is not None:
-            setattr(moe_cuda, var, int(value))
-            print(f"{var} = {value}")
     plain_kernel = moe_cuda.cuda_kernel
 
     def kernel(name: str, *args: Any, **kwargs: Any) -> Any:

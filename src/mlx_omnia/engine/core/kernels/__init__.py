@@ -85,23 +85,12 @@ def cuda_backend() -> bool:
 
 @cache
 def cuda_kernel(name: str, inputs: tuple[str, ...], outputs: tuple[str, ...], source: str,
-                header: str, bounds: tuple[int, int] | None = None) -> Callable[..., Any]:
+                header: str) -> Callable[..., Any]:
     """One `mx.fast.cuda_kernel` per distinct source (MLX caches the compiled module by name, so
-    a name is never reused for another source: callers put every baked constant in the name).
-
-    `bounds` (threads a block, blocks an SM): the kernel's `__launch_bounds__`, so the compiler
-    keeps its registers within what that many resident blocks leave. MLX writes the kernel's
-    signature itself (`__global__ void custom_kernel_<name>(...)`, after the header) and takes
-    no such option, so the header's last line redefines `__global__` for the one `__global__`
-    that follows it (a macro on the kernel's name would also rewrite the name MLX asks NVRTC
-    to look up)."""
-    text = header_include(header)
-    if bounds is not None:
-        text += ("\n#undef __global__\n#define __global__ __attribute__((global)) "
-                 f"__launch_bounds__({bounds[0]}, {bounds[1]})\n")
+    a name is never reused for another source: callers put every baked constant in the name)."""
     kernel: Any = mx.fast.cuda_kernel(
         name=name, input_names=list(inputs), output_names=list(outputs), source=source,
-        header=text, ensure_row_contiguous=True,
+        header=header_include(header), ensure_row_contiguous=True,
     )
     return cast(Callable[..., Any], kernel)
 

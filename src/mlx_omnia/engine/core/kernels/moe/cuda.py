@@ -132,7 +132,7 @@ __device__ __forceinline__ void route(const T* logits, T* weights, unsigned int*
 // `wait_for` say when (wait_published, first: the rows depend on ids); EXT: the staging lives
 // in the caller's shared buffer `ext` (StagingBytes).
 template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS,
-          bool NORM, bool CG = false, bool EXT = false, int PAIRS = 1>
+          bool NORM, bool CG = false, bool EXT = false>
 __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* ids,
                                                const void* w, const T* s, const T* b, T* out,
                                                const T* g, float eps, int block,
@@ -158,34 +158,18 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int GPW = 32 / LPR;
   const int grp = lane / LPR, sl = lane % LPR;
-  // PAIRS: the block does what PAIRS consecutive blocks of one pair a lane group would, each
-  // lane group its PAIRS pairs side by side (the same sums, fewer blocks).
-  int pair[PAIRS];
-  bool valid[PAIRS];
-#pragma unroll
-  for (int p = 0; p < PAIRS; ++p) {
-    pair[p] = ((block * PAIRS + p) * NWARPS + warp) * GPW + grp;  // j * HID + r
-    valid[p] = pair[p] < TOPK * HID;
-    if (!valid[p]) pair[p] = 0;  // recomputes pair 0 (the shuffles need every lane), writes nothing
-  }
+  int pair = (block * NWARPS + warp) * GPW + grp;  // j * HID + r
+  const bool valid = pair < TOPK * HID;
+  if (!valid) pair = 0;  // recomputes pair 0 (the shuffles need every lane), writes nothing
+  const int j = pair / HID, r = pair % HID;
   wait_published(wait, wait_for);
-  int gate_row[PAIRS], up_row[PAIRS];
-#pragma unroll
-  for (int p = 0; p < PAIRS; ++p) {
-    const int j = pair[p] / HID, r = pair[p] % HID;
-    unsigned int id;
-    if constexpr (CG) id = __ldcg(ids + j); else id = ids[j];
-    gate_row[p] = (int)id * 2 * HID + r;
-    up_row[p] = gate_row[p] + HID;
-  }
+  unsigned int id;
+  if constexpr (CG) id = __ldcg(ids + j); else id = ids[j];
+  const int gate_row = (int)id * 2 * HID + r, up_row = gate_row + HID;
   // The first chunk's weights are requested before the input is staged.
   const int c0 = min(sl, CHUNKS - 1);
-  typename Row::Load g0[PAIRS], u0[PAIRS];
-#pragma unroll
-  for (int p = 0; p < PAIRS; ++p) {
-    g0[p] = Row::load(w, s, b, gate_row[p], c0);
-    u0[p] = Row::load(w, s, b, up_row[p], c0);
-  }
+  const typename Row::Load g0 = Row::load(w, s, b, gate_row, c0);
+  const typename Row::Load u0 = Row::load(w, s, b, up_row, c0);
   stage_rows<T, BITS, K, 1, NORM, NWARPS, CG>(x, xq, xsum, xs, tid, NT, g, eps);
   __syncthreads();
   // The gate and up rows' partial sums over chunk c.
@@ -201,45 +185,28 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
       Row::template dot_staged<2>(ls, xq, c, xsum[c], d);
     }
   };
-  float ag[PAIRS], au[PAIRS];
-#pragma unroll
-  for (int p = 0; p < PAIRS; ++p) {
-    ag[p] = 0.f;
-    au[p] = 0.f;
-    if (sl < CHUNKS) {
-      float d[2];
-      pair_dot(sl, g0[p], u0[p], d);
-      ag[p] = d[0];
-      au[p] = d[1];
-    }
+  float ag = 0.f, au = 0.f;
+  if (sl < CHUNKS) {
+    float d[2];
+    pair_dot(sl, g0, u0, d);
+    ag = d[0];
+    au = d[1];
   }
 #pragma unroll 2
   for (int c = sl + LPR; c < CHUNKS; c += LPR) {
-    typename Row::Load gl[PAIRS], ul[PAIRS];
-#pragma unroll
-    for (int p = 0; p < PAIRS; ++p) {
-      gl[p] = Row::load(w, s, b, gate_row[p], c);
-      ul[p] = Row::load(w, s, b, up_row[p], c);
-    }
-#pragma unroll
-    for (int p = 0; p < PAIRS; ++p) {
-      float d[2];
-      pair_dot(c, gl[p], ul[p], d);
-      ag[p] += d[0];
-      au[p] += d[1];
-    }
+    const typename Row::Load gl = Row::load(w, s, b, gate_row, c);
+    const typename Row::Load ul = Row::load(w, s, b, up_row, c);
+    float d[2];
+    pair_dot(c, gl, ul, d);
+    ag += d[0];
+    au += d[1];
   }
 #pragma unroll
-  for (int p = 0; p < PAIRS; ++p) {
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1) {
-      ag[p] += __shfl_xor_sync(0xFFFFFFFFu, ag[p], o);
-      au[p] += __shfl_xor_sync(0xFFFFFFFFu, au[p], o);
-    }
-    if (sl == 0 && valid[p]) {
-      out[pair[p]] = from_f<T>(rnd<T>(silu_r<T>(rnd<T>(ag[p])) * rnd<T>(au[p])));
-    }
+  for (int o = LPR / 2; o > 0; o >>= 1) {
+    ag += __shfl_xor_sync(0xFFFFFFFFu, ag, o);
+    au += __shfl_xor_sync(0xFFFFFFFFu, au, o);
   }
+  if (sl == 0 && valid) out[pair] = from_f<T>(rnd<T>(silu_r<T>(rnd<T>(ag)) * rnd<T>(au)));
 }
 
 // y[r] = rnd(sum_j rnd(rnd(h_j . D[ids[j]][r]) * w_j)) (+ residual, rounded): one warp a row,
@@ -281,13 +248,8 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   const bool mine = j < TOPK && r < OUT;
   wait_published(wait_ids, ids_for);
   int row;
-  // HERE: the routing weight and the residual (there once the ids are) are requested with the
-  // first weights, so neither costs a round trip through L2 after the sums
-  float wj = 0.f, rv = 0.f;
   if constexpr (HERE) {
     row = mine ? (int)__ldcg(ids + j) * OUT + r : 0;
-    if (mine && sl == 0) wj = to_f<T>(__ldcg(wts + j));
-    if (RESID && lane == 0 && r < OUT) rv = to_f<T>(__ldcg(res + r));
   } else {
     row = mine ? (int)ids[j] * OUT + r : 0;
   }
@@ -327,15 +289,19 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   }
 #pragma unroll
   for (int o = LPE / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
-  if constexpr (!HERE) {
-    if (mine && sl == 0) wj = to_f<T>(wts[j]);
-    if (RESID && lane == 0 && r < OUT) rv = to_f<T>(res[r]);
+  float p;
+  if constexpr (HERE) {
+    p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * to_f<T>(__ldcg(wts + j))) : 0.f;
+  } else {
+    p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * to_f<T>(wts[j])) : 0.f;
   }
-  float p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * wj) : 0.f;
   p = warp_sum(p);
   if (lane == 0 && r < OUT) {
     float v = rnd<T>(p);
-    if constexpr (RESID) v = rnd<T>(rv + v);
+    if constexpr (RESID) {
+      if constexpr (HERE) v = rnd<T>(to_f<T>(__ldcg(res + r)) + v);
+      else v = rnd<T>(to_f<T>(res[r]) + v);
+    }
     y[r] = from_f<T>(v);
   }
 }
@@ -534,16 +500,14 @@ def experts_blocks(spec: ExpertsSpec) -> int:
 
 def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool = False,
                  names: Mapping[str, str] | None = None, wait: str | None = None,
-                 here: bool = False, wait_ids: str | None = None, ext: str | None = None,
-                 pairs: int = 1) -> str:
+                 here: bool = False, wait_ids: str | None = None, ext: str | None = None) -> str:
     """The expert_gate_up / expert_down call. `block`: this block's index among the kernel's
     blocks; `coherent`: the input (x or h; gate/up: the ids too) is written by other blocks of
     the same launch, and `wait` ("count, n": chain_wait) says when it is there; `here` (down):
     the ids, the routing weights and the residual are written in this launch too, `wait_ids`
     says when the ids are; `ext`: the launch's shared buffer the input is staged in
     (experts_staging_bytes); `names`: the launch's variable for an input or output
-    (experts_input_names, out) where it differs; `pairs` (gate/up): a block does the work of
-    that many of its own launch's blocks (experts_blocks), the same sums."""
+    (experts_input_names, out) where it differs."""
     t = CUDA_TYPES[spec.dtype]
     bits, group = spec.bits or 0, spec.group_size or 1
     rename = dict(names or {})
@@ -556,16 +520,13 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
         assert not here and wait_ids is None, "gate/up reads its ids after `wait`"
         norm = spec.norm_eps is not None
         eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
-        more = coherent or wait is not None or ext is not None or pairs != 1
+        more = coherent or wait is not None or ext is not None
         flags = f", {flag(coherent)}, {flag(ext is not None)}" if more else ""
-        if pairs != 1:
-            flags += f", {pairs}"
         tail = f", {wait or NO_WAIT}, {ext or 'nullptr'}" if more else ""
         return (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
                 f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}{flags}>({n('x')}, "
                 f"{n('ids')}, {margs}, {n('out')}, {n('g') if norm else 'nullptr'}, {eps}, "
                 f"{block}{tail});\n")
-    assert pairs == 1, "down: one row a warp"
     more = here or wait_ids is not None or ext is not None
     flags = f", {flag(here)}, {flag(ext is not None)}" if more else ""
     if more:
@@ -752,15 +713,6 @@ def route_experts_ext(project: QmvSpec, router: QmvSpec, up: ExpertsSpec,
                experts_staging_bytes(down))
 
 
-# RouteExperts' gate/up blocks each do two of their own launch's: the launch's blocks then fit
-# the GPU at once (on the H200, 64 registers a thread leave 4 blocks of 8 warps an SM: 528;
-# qwen3-30b-a3b's gate/up and down need 384 + 256 blocks one pair a lane group, 192 + 256 two),
-# so the down blocks are there, their first weights requested, when the ids are
-UP_PAIRS = 1
-# blocks an SM RouteExperts is compiled to leave resident (its __launch_bounds__; 0: none)
-RESIDENT_BLOCKS = 5
-
-
 def route_experts_project(project: QmvSpec) -> QmvSpec:
     """The projection as RouteExperts runs it: the four phases share one block size, the
     experts' WARPS (a launch's warps do not change its sums, only how many rows a block
@@ -820,7 +772,7 @@ def route_experts_launcher(
     for bit. A block waits only on lower tickets. The last down block zeroes the counters."""
     chained = chained_router(router, route.n_experts, WARPS)
     na, nb = blocks_of(project), blocks_of(chained)
-    nc, nd = -(-experts_blocks(up) // UP_PAIRS), experts_blocks(down)
+    nc, nd = experts_blocks(up), experts_blocks(down)
     quant = project.bits is not None
     r_quant, e_quant = router.bits is not None, up.bits is not None
     names = ("a", "pw", *(("ps", "pb") if quant else ()), "res", "rw",
@@ -864,7 +816,7 @@ def route_experts_launcher(
         f"if (t < {na + nb + nc}) {{\n"
         + experts_call(up, block=f"t - {na + nb}", coherent=True, wait="count + 4, 1",
                        names={"x": "h", "w": "w1", "s": "s1", "b": "b1", "out": "mid"},
-                       ext="ext", pairs=UP_PAIRS)
+                       ext="ext")
         + published.format(5) + "  return;\n}\n"
         + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
                        wait=f"count + 5, {nc}", wait_ids="count + 4, 1",
@@ -876,13 +828,11 @@ def route_experts_launcher(
     )
     # the four calls' names would pass 255 characters (MLX names its cached module files by
     # the kernel's name): the route's and down's names, and a digest of all four
-    full = (f"{project.name()}|{route.name()}|{chained.name()}|{up.name()}|{down.name()}"
-            f"|p{UP_PAIRS}|b{RESIDENT_BLOCKS}")
+    full = f"{project.name()}|{route.name()}|{chained.name()}|{up.name()}|{down.name()}"
     digest = hashlib.sha1(full.encode()).hexdigest()[:16]
     kernel = cuda_kernel(
         f"omnia_route_experts__{route.name()}__{down.name()[len('omnia_experts_'):]}_{digest}",
-        names, ("out",), source, MOE_HEADER,
-        bounds=(WARPS * 32, RESIDENT_BLOCKS) if RESIDENT_BLOCKS else None)
+        names, ("out",), source, MOE_HEADER)
     shapes = [(*lead, down.rows)]
     grid, threads = ((na + nb + nc + nd) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
     own = own_scratch(route_experts_scratch(route, up, down)[-1])
