@@ -132,7 +132,7 @@ __device__ __forceinline__ void route(const T* logits, T* weights, unsigned int*
 // `wait_for` say when (wait_published, first: the rows depend on ids); EXT: the staging lives
 // in the caller's shared buffer `ext` (StagingBytes).
 template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS,
-          bool NORM, bool CG = false, bool EXT = false, int PF = 1>
+          bool NORM, bool CG = false, bool EXT = false>
 __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* ids,
                                                const void* w, const T* s, const T* b, T* out,
                                                const T* g, float eps, int block,
@@ -166,22 +166,10 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   unsigned int id;
   if constexpr (CG) id = __ldcg(ids + j); else id = ids[j];
   const int gate_row = (int)id * 2 * HID + r, up_row = gate_row + HID;
-  // The lane's first PF chunks' weights are requested before the input is staged (PF > 1: in
-  // a launch whose ids come from the same launch, so that the rows' weights, unknown until the
-  // ids are, take one round trip rather than one per chunk).
-  typename Row::Load g0[PF], u0[PF];
-  if constexpr (PF == 1) {
-    const int c0 = min(sl, CHUNKS - 1);
-    g0[0] = Row::load(w, s, b, gate_row, c0);
-    u0[0] = Row::load(w, s, b, up_row, c0);
-  } else {
-#pragma unroll
-    for (int f = 0; f < PF; ++f) {
-      const int cf = min(sl + f * LPR, CHUNKS - 1);
-      g0[f] = Row::load(w, s, b, gate_row, cf);
-      u0[f] = Row::load(w, s, b, up_row, cf);
-    }
-  }
+  // The first chunk's weights are requested before the input is staged.
+  const int c0 = min(sl, CHUNKS - 1);
+  const typename Row::Load g0 = Row::load(w, s, b, gate_row, c0);
+  const typename Row::Load u0 = Row::load(w, s, b, up_row, c0);
   stage_rows<T, BITS, K, 1, NORM, NWARPS, CG>(x, xq, xsum, xs, tid, NT, g, eps);
   __syncthreads();
   // The gate and up rows' partial sums over chunk c.
@@ -200,21 +188,12 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   float ag = 0.f, au = 0.f;
   if (sl < CHUNKS) {
     float d[2];
-    pair_dot(sl, g0[0], u0[0], d);
+    pair_dot(sl, g0, u0, d);
     ag = d[0];
     au = d[1];
   }
-#pragma unroll
-  for (int f = 1; f < PF; ++f) {
-    if (sl + f * LPR < CHUNKS) {
-      float d[2];
-      pair_dot(sl + f * LPR, g0[f], u0[f], d);
-      ag += d[0];
-      au += d[1];
-    }
-  }
 #pragma unroll 2
-  for (int c = sl + PF * LPR; c < CHUNKS; c += LPR) {
+  for (int c = sl + LPR; c < CHUNKS; c += LPR) {
     const typename Row::Load gl = Row::load(w, s, b, gate_row, c);
     const typename Row::Load ul = Row::load(w, s, b, up_row, c);
     float d[2];
@@ -521,16 +500,14 @@ def experts_blocks(spec: ExpertsSpec) -> int:
 
 def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool = False,
                  names: Mapping[str, str] | None = None, wait: str | None = None,
-                 here: bool = False, wait_ids: str | None = None, ext: str | None = None,
-                 prefetch: int = 1) -> str:
+                 here: bool = False, wait_ids: str | None = None, ext: str | None = None) -> str:
     """The expert_gate_up / expert_down call. `block`: this block's index among the kernel's
     blocks; `coherent`: the input (x or h; gate/up: the ids too) is written by other blocks of
     the same launch, and `wait` ("count, n": chain_wait) says when it is there; `here` (down):
     the ids, the routing weights and the residual are written in this launch too, `wait_ids`
     says when the ids are; `ext`: the launch's shared buffer the input is staged in
     (experts_staging_bytes); `names`: the launch's variable for an input or output
-    (experts_input_names, out) where it differs; `prefetch` (gate/up): chunks a lane requests
-    before staging its input."""
+    (experts_input_names, out) where it differs."""
     t = CUDA_TYPES[spec.dtype]
     bits, group = spec.bits or 0, spec.group_size or 1
     rename = dict(names or {})
@@ -543,10 +520,8 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
         assert not here and wait_ids is None, "gate/up reads its ids after `wait`"
         norm = spec.norm_eps is not None
         eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
-        more = coherent or wait is not None or ext is not None or prefetch != 1
+        more = coherent or wait is not None or ext is not None
         flags = f", {flag(coherent)}, {flag(ext is not None)}" if more else ""
-        if prefetch != 1:
-            flags += f", {prefetch}"
         tail = f", {wait or NO_WAIT}, {ext or 'nullptr'}" if more else ""
         return (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
                 f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}{flags}>({n('x')}, "
@@ -738,14 +713,6 @@ def route_experts_ext(project: QmvSpec, router: QmvSpec, up: ExpertsSpec,
                experts_staging_bytes(down))
 
 
-def up_prefetch(up: ExpertsSpec) -> int:
-    """Chunks a gate/up lane requests at once in RouteExperts (all of them, up to 4): its rows
-    are known only once the same launch has routed, so each further round trip to memory is
-    on the layer's critical path."""
-    chunks = up.k // up.values_per_chunk
-    return min(2, -(-chunks // up.lanes))
-
-
 def route_experts_project(project: QmvSpec) -> QmvSpec:
     """The projection as RouteExperts runs it: the four phases share one block size, the
     experts' WARPS (a launch's warps do not change its sums, only how many rows a block
@@ -849,7 +816,7 @@ def route_experts_launcher(
         f"if (t < {na + nb + nc}) {{\n"
         + experts_call(up, block=f"t - {na + nb}", coherent=True, wait="count + 4, 1",
                        names={"x": "h", "w": "w1", "s": "s1", "b": "b1", "out": "mid"},
-                       ext="ext", prefetch=up_prefetch(up))
+                       ext="ext")
         + published.format(5) + "  return;\n}\n"
         + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
                        wait=f"count + 5, {nc}", wait_ids="count + 4, 1",
