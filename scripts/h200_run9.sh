@@ -186,6 +186,9 @@ elif [ "$1" = W ]; then
   # the step's timeline (globaltimer stamps of every chained launch's blocks) and the host time
   # to queue a step: WM="SHAPE LAYERS FMT" (default the MoE at 48 layers, 4-bit), then the
   # host cost of a launch's inputs and outputs (h200_slots.py)
+  # WAB=1: first without the gate/up blocks' L2 requests of the down weights (TRACE_NO_DOWN_L2)
+  [ "${WAB:-0}" = 1 ] && TRACE_NO_DOWN_L2=1 timeout ${WT:-240} python3 scripts/h200_layer_trace.py \
+    ${WM:-qwen3-30b-a3b 48 q4} 2>&1 | grep -v Warning | tee $OUT/trace_no_l2.txt
   timeout ${WT:-240} python3 scripts/h200_layer_trace.py ${WM:-qwen3-30b-a3b 48 q4} 2>&1 | grep -v Warning | tee $OUT/trace.txt
   timeout 120 python3 scripts/h200_slots.py 2>&1 | tee $OUT/slots.txt
 elif [ "$1" = L ]; then

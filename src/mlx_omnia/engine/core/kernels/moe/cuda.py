@@ -125,19 +125,51 @@ __device__ __forceinline__ void route(const T* logits, T* weights, unsigned int*
   }
 }
 
+// The selected experts' down weights, requested into L2 by the gate/up blocks once the ids are
+// known (prefetch.global.L2: no register, no value changed), so that down blocks which start
+// only when gate/up blocks end read them from L2. Each expert's ROWS rows of the stacked
+// matrices are contiguous: its weights, then (quantized) its scales and biases, 128-byte lines
+// numbered expert by expert; thread g of the gate/up blocks requests lines g, g + step, ...
+template <typename T, int BITS, int GROUP, int K, int ROWS, int TOPK>
+struct DownL2 {
+  static constexpr long long WB = (long long)ROWS * K * (BITS == 0 ? 8 * (int)sizeof(T) : BITS) / 8;
+  static constexpr long long SB = BITS == 0 ? 0 : (long long)ROWS * (K / GROUP) * (int)sizeof(T);
+  static constexpr int LW = (int)((WB + 127) / 128), LS = (int)((SB + 127) / 128);
+  static constexpr int LINES = LW + 2 * LS;  // an expert's
+  static constexpr int TOTAL = TOPK * LINES;
+
+  static __device__ __forceinline__ void line(const void* w, const T* s, const T* b,
+                                              unsigned int id, int i) {
+    const int l = i % LINES;
+    const char* p;
+    if (l < LW) {
+      p = reinterpret_cast<const char*>(w) + id * WB + min((long long)l * 128, WB - 1);
+    } else {
+      const int m = (l - LW) % LS;
+      const char* base = reinterpret_cast<const char*>(l - LW < LS ? s : b);
+      p = base + id * SB + min((long long)m * 128, SB - 1);
+    }
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+  }
+};
+
 // out[j][r] = rnd(act(rnd(x . G[ids[j]][r])) * rnd(x . U[ids[j]][r])), G and U the first and
 // last HID rows of each expert's stacked [2 * HID] rows, act silu; NORM: x RMS-normalized
 // first (weight g, eps). `block`: this block's index among the launch's gate/up blocks.
 // CG: x and ids were written by other blocks of this launch (read through L2), and `wait`,
 // `wait_for` say when (wait_published, first: the rows depend on ids); EXT: the staging lives
-// in the caller's shared buffer `ext` (StagingBytes).
+// in the caller's shared buffer `ext` (StagingBytes). DOWN_ROWS > 0 (a chained launch whose
+// down phase follows): the down weights dw, ds, db of the selected experts are requested into
+// L2 (DownL2; `blocks`: the launch's gate/up blocks).
 template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS,
-          bool NORM, bool CG = false, bool EXT = false>
+          bool NORM, bool CG = false, bool EXT = false, int DOWN_ROWS = 0>
 __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* ids,
                                                const void* w, const T* s, const T* b, T* out,
                                                const T* g, float eps, int block,
                                                const int* wait = nullptr, int wait_for = 0,
-                                               char* ext = nullptr) {
+                                               char* ext = nullptr, const void* dw = nullptr,
+                                               const T* ds = nullptr, const T* db = nullptr,
+                                               int blocks = 0) {
   using Row = QmvRow<T, BITS, GROUP, K>;
   constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
   constexpr int NT = NWARPS * 32;
@@ -163,13 +195,27 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   if (!valid) pair = 0;  // recomputes pair 0 (the shuffles need every lane), writes nothing
   const int j = pair / HID, r = pair % HID;
   wait_published(wait, wait_for);
-  unsigned int id;
-  if constexpr (CG) id = __ldcg(ids + j); else id = ids[j];
+  auto read_id = [&](int i) -> unsigned int {
+    if constexpr (CG) return __ldcg(ids + i); else return ids[i];
+  };
+  using Down = DownL2<T, BITS, GROUP, HID, DOWN_ROWS, TOPK>;
+  const int line0 = block * NT + tid;  // this thread's first down line (DOWN_ROWS > 0)
+  unsigned int down_id = 0;
+  if constexpr (DOWN_ROWS > 0) {
+    if (line0 < Down::TOTAL) down_id = read_id(line0 / Down::LINES);
+  }
+  const unsigned int id = read_id(j);
   const int gate_row = (int)id * 2 * HID + r, up_row = gate_row + HID;
   // The first chunk's weights are requested before the input is staged.
   const int c0 = min(sl, CHUNKS - 1);
   const typename Row::Load g0 = Row::load(w, s, b, gate_row, c0);
   const typename Row::Load u0 = Row::load(w, s, b, up_row, c0);
+  if constexpr (DOWN_ROWS > 0) {
+    if (line0 < Down::TOTAL) Down::line(dw, ds, db, down_id, line0);
+    for (int i = line0 + blocks * NT; i < Down::TOTAL; i += blocks * NT) {
+      Down::line(dw, ds, db, read_id(i / Down::LINES), i);
+    }
+  }
   stage_rows<T, BITS, K, 1, NORM, NWARPS, CG>(x, xq, xsum, xs, tid, NT, g, eps);
   __syncthreads();
   // The gate and up rows' partial sums over chunk c.
@@ -500,14 +546,17 @@ def experts_blocks(spec: ExpertsSpec) -> int:
 
 def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool = False,
                  names: Mapping[str, str] | None = None, wait: str | None = None,
-                 here: bool = False, wait_ids: str | None = None, ext: str | None = None) -> str:
+                 here: bool = False, wait_ids: str | None = None, ext: str | None = None,
+                 down: ExpertsSpec | None = None) -> str:
     """The expert_gate_up / expert_down call. `block`: this block's index among the kernel's
     blocks; `coherent`: the input (x or h; gate/up: the ids too) is written by other blocks of
     the same launch, and `wait` ("count, n": chain_wait) says when it is there; `here` (down):
     the ids, the routing weights and the residual are written in this launch too, `wait_ids`
     says when the ids are; `ext`: the launch's shared buffer the input is staged in
-    (experts_staging_bytes); `names`: the launch's variable for an input or output
-    (experts_input_names, out) where it differs."""
+    (experts_staging_bytes); `down` (gate/up in a chained launch): the down call that follows,
+    whose weights (the launch's w2, s2, b2) the gate/up blocks request into L2 (DownL2);
+    `names`: the launch's variable for an input or output (experts_input_names, out) where it
+    differs."""
     t = CUDA_TYPES[spec.dtype]
     bits, group = spec.bits or 0, spec.group_size or 1
     rename = dict(names or {})
@@ -520,9 +569,13 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
         assert not here and wait_ids is None, "gate/up reads its ids after `wait`"
         norm = spec.norm_eps is not None
         eps = repr(float(spec.norm_eps)) + "f" if spec.norm_eps is not None else "0.f"
-        more = coherent or wait is not None or ext is not None
+        more = coherent or wait is not None or ext is not None or down is not None
         flags = f", {flag(coherent)}, {flag(ext is not None)}" if more else ""
         tail = f", {wait or NO_WAIT}, {ext or 'nullptr'}" if more else ""
+        if down is not None:
+            flags += f", {down.rows}"
+            dargs = "w2, s2, b2" if down.bits is not None else "w2, nullptr, nullptr"
+            tail += f", {dargs}, {experts_blocks(spec)}"
         return (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
                 f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}{flags}>({n('x')}, "
                 f"{n('ids')}, {margs}, {n('out')}, {n('g') if norm else 'nullptr'}, {eps}, "
@@ -599,7 +652,8 @@ def chain_launcher(
     t = CUDA_TYPES[up.dtype]
     source = f"{t}* mid = reinterpret_cast<{t}*>(const_cast<float*>(scratch));\n" + chain_source(
         nb1,
-        experts_call(up, block="t", names={"w": "w1", "s": "s1", "b": "b1", "out": "mid"}),
+        experts_call(up, block="t", names={"w": "w1", "s": "s1", "b": "b1", "out": "mid"},
+                     down=down),
         experts_call(down, block=f"t - {nb1}", coherent=True,
                      names={"h": "mid", "w": "w2", "s": "s2", "b": "b2"}, wait=chain_wait(nb1)),
         nb2,
@@ -816,7 +870,7 @@ def route_experts_launcher(
         f"if (t < {na + nb + nc}) {{\n"
         + experts_call(up, block=f"t - {na + nb}", coherent=True, wait="count + 4, 1",
                        names={"x": "h", "w": "w1", "s": "s1", "b": "b1", "out": "mid"},
-                       ext="ext")
+                       ext="ext", down=down)
         + published.format(5) + "  return;\n}\n"
         + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
                        wait=f"count + 5, {nc}", wait_ids="count + 4, 1",
