@@ -1,0 +1,110 @@
+"""A/B of a kernel variant in one process: the same checkpoint loaded twice, once with the
+variant's patch applied while its kernels are built, their pipelined decode steps timed in
+alternating rounds (so the GPU's and host's state drifts alike for both), medians printed.
+
+    python3 scripts/h200_ab.py VARIANT [SHAPE [LAYERS [ROUNDS]]]   (qwen3-30b-a3b 48 8)
+
+VARIANT names a patch in VARIANTS (the "B" arm is the tree as it is; "A" is the patched one).
+The patch must act while the kernels are built: each model's first steps (which trace its
+compiled step and so build its launches) run under it, and the launchers' caches are cleared
+between the two models so neither reuses the other's kernels."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+STEPS = 40
+
+
+@contextmanager
+def no_down_l2() -> Any:
+    """The chained experts launches without the gate/up blocks' L2 requests of the down weights."""
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+
+    plain = moe_cuda.experts_call
+
+    def call(spec: Any, **kwargs: Any) -> str:
+        kwargs.pop("down", None)
+        return plain(spec, **kwargs)
+
+    moe_cuda.experts_call = call  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        moe_cuda.experts_call = plain  # type: ignore[attr-defined]
+
+
+VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {"no_down_l2": no_down_l2}
+
+
+def clear_launchers() -> None:
+    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+    from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
+
+    for mod in (moe_cuda, qmv_cuda, att_cuda):
+        for value in vars(mod).values():
+            if callable(value) and hasattr(value, "cache_clear"):
+                value.cache_clear()
+
+
+def timed_round(seq: Any, first: int) -> float:
+    """Median-free wall time a step over STEPS pipelined steps (one queued ahead)."""
+    pending: Any = None
+    start = time.perf_counter()
+    for t in range(STEPS):
+        row = seq.feed([first + t])[-1]
+        mx.async_eval(row)
+        if pending is not None:
+            mx.eval(pending)
+        pending = row
+    mx.eval(pending)
+    return (time.perf_counter() - start) / STEPS
+
+
+def main() -> None:
+    variant = sys.argv[1]
+    shape = sys.argv[2] if len(sys.argv) > 2 else "qwen3-30b-a3b"
+    layers = int(sys.argv[3]) if len(sys.argv) > 3 else 48
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 8
+    import mlx_omnia
+    from mlx_omnia.bench import shapes
+
+    short = f"{shape}-ab"
+    shapes.SHAPES[short] = dict(shapes.SHAPES[shape], num_hidden_layers=layers)
+    arms: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = shapes.build_checkpoint(short, Path(tmp) / "m", dtype="bfloat16", quantize=(4, 64))
+        for arm, ctx in (("A " + variant, VARIANTS[variant]), ("B tree", nullcontext)):
+            clear_launchers()
+            with ctx():
+                model = mlx_omnia.load(str(path), dtype="bfloat16")
+                seq = model.decoding()
+                mx.eval(seq.feed(list(range(1, 513))), seq.state())
+                timed_round(seq, 7)  # traces the compiled step: builds the launches
+            arms[arm] = seq
+        times: dict[str, list[float]] = {arm: [] for arm in arms}
+        pos = 600
+        for r in range(rounds):
+            order = list(arms) if r % 2 == 0 else list(reversed(arms))
+            for arm in order:
+                times[arm].append(timed_round(arms[arm], pos))
+            pos += STEPS
+    a, b = (statistics.median(v) for v in times.values())
+    for arm, v in times.items():
+        print(f"{arm:24s} step median {statistics.median(v) * 1e6:8.1f} us  "
+              f"rounds {' '.join(f'{x * 1e6:.0f}' for x in v)}")
+    print(f"B / A step time {b / a:.4f} ({shape}, {layers} layers, {rounds} rounds of {STEPS} steps)")
+
+
+if __name__ == "__main__":
+    main()
