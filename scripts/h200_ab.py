@@ -7,10 +7,13 @@ alternating rounds (so the GPU's and host's state drifts alike for both), median
 VARIANT names a patch in VARIANTS (the "B" arm is the tree as it is; "A" is the patched one).
 The patch must act while the kernels are built: each model's first steps (which trace its
 compiled step and so build its launches) run under it, and the launchers' caches are cleared
-between the two models so neither reuses the other's kernels."""
+between the two models so neither reuses the other's kernels. TRACE=1: both models' chained
+launches are stamped as scripts/h200_layer_trace.py stamps them, and each arm's last step is
+reported that way (GPU times, whatever the host does)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 STEPS = 40
 
@@ -76,12 +80,18 @@ def main() -> None:
     shape = sys.argv[2] if len(sys.argv) > 2 else "qwen3-30b-a3b"
     layers = int(sys.argv[3]) if len(sys.argv) > 3 else 48
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 8
+    trace: Any = None
+    if os.environ.get("TRACE") == "1":
+        from scripts import h200_layer_trace as trace
+
+        trace.patch()
     import mlx_omnia
     from mlx_omnia.bench import shapes
 
     short = f"{shape}-ab"
     shapes.SHAPES[short] = dict(shapes.SHAPES[shape], num_hidden_layers=layers)
     arms: dict[str, Any] = {}
+    bounds = [0]
     with tempfile.TemporaryDirectory() as tmp:
         path = shapes.build_checkpoint(short, Path(tmp) / "m", dtype="bfloat16", quantize=(4, 64))
         for arm, ctx in (("A " + variant, VARIANTS[variant]), ("B tree", nullcontext)):
@@ -92,6 +102,8 @@ def main() -> None:
                 mx.eval(seq.feed(list(range(1, 513))), seq.state())
                 timed_round(seq, 7)  # traces the compiled step: builds the launches
             arms[arm] = seq
+            if trace is not None:
+                bounds.append(len(trace.TRACED))
         times: dict[str, list[float]] = {arm: [] for arm in arms}
         pos = 600
         for r in range(rounds):
@@ -99,6 +111,15 @@ def main() -> None:
             for arm in order:
                 times[arm].append(timed_round(arms[arm], pos))
             pos += STEPS
+        if trace is not None:
+            snap = [arr * 1 for _, arr in trace.TRACED]
+            mx.eval(snap)
+            for i, arm in enumerate(arms):
+                print(f"== {arm}: the last step's chained launches")
+                trace.PHASE_ROWS.clear()
+                trace.TOP_ENDS.clear()
+                part = range(bounds[i], bounds[i + 1])
+                trace.report([(trace.TRACED[j][0], np.array(snap[j])) for j in part], layers)
     a, b = (statistics.median(v) for v in times.values())
     for arm, v in times.items():
         print(f"{arm:24s} step median {statistics.median(v) * 1e6:8.1f} us  "

@@ -175,6 +175,7 @@ def main() -> None:
 
 
 PHASE_ROWS: dict[str, list[list[float]]] = {}
+TOP_ENDS: dict[str, list[list[float]]] = {}
 
 
 def report_phases(name: str, tr: np.ndarray) -> None:
@@ -205,6 +206,9 @@ def report(traced: list[tuple[str, np.ndarray]], layers: int) -> None:
         if len(tr):
             launches.append((name, tr))
     launches.sort(key=lambda nt: int(nt[1][:, 0].min()))
+    if not launches:
+        print("no chained launches were stamped (no CUDA kernel bound?)")
+        return
     t0 = int(launches[0][1][:, 0].min())
     us = 1e-3
     print(f"{len(launches)} chained launches in the last step ({layers} layers); times in us from "
@@ -228,7 +232,11 @@ def report(traced: list[tuple[str, np.ndarray]], layers: int) -> None:
             (statistics.median(rel[:, 1].tolist()) - start) * us if len(rel) else 0.0,
             (int(rel[:, 1].max()) - start) * us if len(rel) else 0.0,
             statistics.median((b[:, 2] - np.maximum(b[:, 1], b[:, 0])).tolist()) * us if len(b) else 0.0,
+            (statistics.median(b[:, 2].tolist()) - start) * us if len(b) else 0.0,
         ]
+        # the B blocks' last 8 ends (the merging blocks end last), us from the launch's start
+        ends = sorted(((b[:, 2] - start) * us).tolist(), reverse=True)[:8] if len(b) else []
+        TOP_ENDS.setdefault(name, []).append(ends + [float("nan")] * (8 - len(ends)))
         per_kind.setdefault(name, []).append(row)
         if i < 8 or i >= len(launches) - 2:
             print(f"  @{(start - t0) * us:8.1f} {name:16s} gap {row[0]:5.1f} span {row[1]:5.1f} | "
@@ -240,7 +248,7 @@ def report(traced: list[tuple[str, np.ndarray]], layers: int) -> None:
           f"{(max(int(t[:, 2].max()) for _, t in launches) - t0) * us:.1f} us")
     cols = ["gap before", "span", "A blocks", "B blocks", "A last start", "A median run",
             "A last end", "B first start", "B last start", "B released med", "B released max",
-            "B run after release"]
+            "B run after release", "B end median"]
     print("medians over the step's launches of each kind (us):")
     for name, rows in per_kind.items():
         med = [statistics.median(r[j] for r in rows if r[j] == r[j]) if any(r[j] == r[j] for r in rows)
@@ -248,6 +256,9 @@ def report(traced: list[tuple[str, np.ndarray]], layers: int) -> None:
         print(f"  {name} ({len(rows)} launches)")
         for c, v in zip(cols, med, strict=True):
             print(f"    {c:22s} {v:8.1f}")
+    for name, rows in TOP_ENDS.items():
+        med = [statistics.median(r[j] for r in rows) for j in range(8)]
+        print(f"  {name}: B blocks' last 8 ends (medians by rank) {' '.join(f'{v:.1f}' for v in med)}")
     for name, rows in PHASE_ROWS.items():
         print(f"  {name} by phase (medians of {len(rows)} launches; us from the launch's start): "
               f"blocks {[b - a for a, b in itertools.pairwise(PHASES)]} + the rest")
