@@ -47,7 +47,29 @@ def no_down_l2() -> Any:
         moe_cuda.experts_call = plain  # type: ignore[attr-defined]
 
 
-VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {"no_down_l2": no_down_l2}
+@contextmanager
+def qkv_prefetch_one() -> Any:
+    """project_attend's q/k/v phase with one chunk a row requested before staging (before
+    2026-12-05), not all of a lane's."""
+    from dataclasses import replace
+
+    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
+
+    plain = att_cuda.attend_qkv_spec
+
+    def spec(qkv: Any) -> Any:
+        got = plain(qkv)
+        return replace(got, launch=replace(got.config, prefetch=qkv.config.prefetch))
+
+    att_cuda.attend_qkv_spec = spec  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        att_cuda.attend_qkv_spec = plain  # type: ignore[attr-defined]
+
+
+VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
+    "no_down_l2": no_down_l2, "qkv_prefetch_one": qkv_prefetch_one}
 
 
 def clear_launchers() -> None:
