@@ -2,9 +2,9 @@
 variant's patch applied while its kernels are built, their pipelined decode steps timed in
 alternating rounds (so the GPU's and host's state drifts alike for both), medians printed.
 
-    python3 scripts/h200_ab.py VARIANT [SHAPE [LAYERS [ROUNDS]]]   (qwen3-30b-a3b 48 8)
+    python3 scripts/h200_ab.py VARIANT[,VARIANT...] [SHAPE [LAYERS [ROUNDS]]]   (qwen3-30b-a3b 48 8)
 
-VARIANT names a patch in VARIANTS (the "B" arm is the tree as it is; "A" is the patched one).
+VARIANT names a patch in VARIANTS (the "B" arm is the tree as it is; "A0", "A1"... the patched).
 The patch must act while the kernels are built: each model's first steps (which trace its
 compiled step and so build its launches) run under it, and the launchers' caches are cleared
 between the two models so neither reuses the other's kernels. TRACE=1: both models' chained
@@ -116,7 +116,8 @@ def main() -> None:
     bounds = [0]
     with tempfile.TemporaryDirectory() as tmp:
         path = shapes.build_checkpoint(short, Path(tmp) / "m", dtype="bfloat16", quantize=(4, 64))
-        for arm, ctx in (("A " + variant, VARIANTS[variant]), ("B tree", nullcontext)):
+        named = [(f"A{i} {v}", VARIANTS[v]) for i, v in enumerate(variant.split(","))]
+        for arm, ctx in (*named, ("B tree", nullcontext)):
             clear_launchers()
             with ctx():
                 model = mlx_omnia.load(str(path), dtype="bfloat16")
@@ -129,7 +130,7 @@ def main() -> None:
         times: dict[str, list[float]] = {arm: [] for arm in arms}
         pos = 600
         for r in range(rounds):
-            order = list(arms) if r % 2 == 0 else list(reversed(arms))
+            order = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
             for arm in order:
                 times[arm].append(timed_round(arms[arm], pos))
             pos += STEPS
@@ -142,11 +143,14 @@ def main() -> None:
                 trace.TOP_ENDS.clear()
                 part = range(bounds[i], bounds[i + 1])
                 trace.report([(trace.TRACED[j][0], np.array(snap[j])) for j in part], layers)
-    a, b = (statistics.median(v) for v in times.values())
+    b = statistics.median(times["B tree"])
     for arm, v in times.items():
         print(f"{arm:24s} step median {statistics.median(v) * 1e6:8.1f} us  "
               f"rounds {' '.join(f'{x * 1e6:.0f}' for x in v)}")
-    print(f"B / A step time {b / a:.4f} ({shape}, {layers} layers, {rounds} rounds of {STEPS} steps)")
+    for arm, v in times.items():
+        if arm != "B tree":
+            print(f"B / {arm.split()[0]} step time {b / statistics.median(v):.4f}")
+    print(f"({shape}, {layers} layers, {rounds} rounds of {STEPS} steps, arms rotated)")
 
 
 if __name__ == "__main__":
