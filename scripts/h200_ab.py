@@ -68,8 +68,31 @@ def qkv_prefetch_one() -> Any:
         att_cuda.attend_qkv_spec = plain  # type: ignore[attr-defined]
 
 
+@contextmanager
+def project_prefetch_own() -> Any:
+    """RouteExperts' projection phase with its own launch's prefetch (2 chunks a row before
+    staging, before 2026-12-05), not all of a lane's."""
+    from dataclasses import replace
+
+    from mlx_omnia.engine.core.kernels import moe
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+
+    plain = moe_cuda.route_experts_project
+
+    def spec(project: Any) -> Any:
+        got = plain(project)
+        return replace(got, launch=replace(got.config, prefetch=project.config.prefetch))
+
+    moe.route_experts_project = spec  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        moe.route_experts_project = plain  # type: ignore[attr-defined]
+
+
 VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
-    "no_down_l2": no_down_l2, "qkv_prefetch_one": qkv_prefetch_one}
+    "no_down_l2": no_down_l2, "qkv_prefetch_one": qkv_prefetch_one,
+    "project_prefetch_own": project_prefetch_own}
 
 
 def clear_launchers() -> None:
