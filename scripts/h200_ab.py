@@ -47,52 +47,7 @@ def no_down_l2() -> Any:
         moe_cuda.experts_call = plain  # type: ignore[attr-defined]
 
 
-@contextmanager
-def qkv_prefetch_one() -> Any:
-    """project_attend's q/k/v phase with one chunk a row requested before staging (before
-    2026-12-05), not all of a lane's."""
-    from dataclasses import replace
-
-    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
-
-    plain = att_cuda.attend_qkv_spec
-
-    def spec(qkv: Any) -> Any:
-        got = plain(qkv)
-        return replace(got, launch=replace(got.config, prefetch=qkv.config.prefetch))
-
-    att_cuda.attend_qkv_spec = spec  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        att_cuda.attend_qkv_spec = plain  # type: ignore[attr-defined]
-
-
-@contextmanager
-def project_prefetch_own() -> Any:
-    """RouteExperts' projection phase with its own launch's prefetch (2 chunks a row before
-    staging, before 2026-12-05), not all of a lane's."""
-    from dataclasses import replace
-
-    from mlx_omnia.engine.core.kernels import moe
-    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
-
-    plain = moe_cuda.route_experts_project
-
-    def spec(project: Any) -> Any:
-        got = plain(project)
-        return replace(got, launch=replace(got.config, prefetch=project.config.prefetch))
-
-    moe.route_experts_project = spec  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        moe.route_experts_project = plain  # type: ignore[attr-defined]
-
-
-VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
-    "no_down_l2": no_down_l2, "qkv_prefetch_one": qkv_prefetch_one,
-    "project_prefetch_own": project_prefetch_own}
+VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {"no_down_l2": no_down_l2}
 
 
 def clear_launchers() -> None:

@@ -529,16 +529,11 @@ def attend_qkv_spec(qkv: QmvSpec) -> QmvSpec:
     2026-12-04). Two rows a group leave each row's sums as they are; the warp count orders
     the norm's partial sums (k = 2560 on the H200: not the q/k/v launch's own bits)."""
     cfg = qkv.config
-    rows, prefetch = cfg.rows, cfg.prefetch
+    rows = cfg.rows
     if qkv.bits is not None and rows == 1 and all(n % 2 == 0 for n in qkv.rows):
         rows = 2
-        # every chunk of a lane (up to 4 a row) requested before the input is staged: at 4
-        # warps a block (the attention's registers leave 4 blocks an SM) one chunk a row at a
-        # time kept too few loads in flight
-        chunks = qkv.k // (128 // qkv.bits)
-        prefetch = prefetch or min(4, -(-chunks // cfg.lanes))
     return replace(qkv, launch=Launch(lanes=cfg.lanes, rows=rows, warps=THREADS // 32,
-                                      unroll=cfg.unroll, prefetch=prefetch, loop=cfg.loop))
+                                      unroll=cfg.unroll, prefetch=cfg.prefetch, loop=cfg.loop))
 
 
 def project_attend_fits(qkv: QmvSpec, spec: AttentionStepSpec) -> bool:

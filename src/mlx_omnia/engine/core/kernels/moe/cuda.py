@@ -770,12 +770,10 @@ def route_experts_ext(project: QmvSpec, router: QmvSpec, up: ExpertsSpec,
 def route_experts_project(project: QmvSpec) -> QmvSpec:
     """The projection as RouteExperts runs it: the four phases share one block size, the
     experts' WARPS (a launch's warps do not change its sums, only how many rows a block
-    computes), and every chunk of a lane (up to 4) is requested before the input is staged
-    (the order of its sums is the same)."""
-    cfg = project.config
-    chunks = project.k // (8 if project.bits is None else 128 // project.bits)
-    prefetch = cfg.prefetch or min(4, -(-chunks // cfg.lanes))
-    return replace(project, launch=replace(cfg, warps=WARPS, prefetch=prefetch))
+    computes)."""
+    if project.config.warps == WARPS:
+        return project
+    return replace(project, launch=replace(project.config, warps=WARPS))
 
 
 def route_experts_fits(project: QmvSpec, route: RouteSpec, router: QmvSpec, up: ExpertsSpec,
