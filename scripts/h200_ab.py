@@ -47,7 +47,52 @@ def no_down_l2() -> Any:
         moe_cuda.experts_call = plain  # type: ignore[attr-defined]
 
 
-VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {"no_down_l2": no_down_l2}
+def all_chunks(spec: Any) -> Any:
+    """spec's launch with every chunk of a lane (up to 4 a row) requested before the input is
+    staged: the sums keep their order (dc04482 and 6b1ba4f, backed out unmeasured)."""
+    from dataclasses import replace
+
+    cfg = spec.config
+    chunks = spec.k // (8 if spec.bits is None else 128 // spec.bits)
+    return replace(spec, launch=replace(cfg, prefetch=cfg.prefetch or min(4, -(-chunks // cfg.lanes))))
+
+
+@contextmanager
+def qkv_prefetch_all() -> Any:
+    """project_attend's quantized q/k/v phase requests all of a lane's chunks before staging
+    (its 4-warp blocks, 4 an SM, keep one chunk a row in flight until then)."""
+    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
+
+    plain = att_cuda.attend_qkv_spec
+
+    def spec(qkv: Any) -> Any:
+        got = plain(qkv)
+        return all_chunks(got) if qkv.bits is not None and got.config.rows == 2 else got
+
+    att_cuda.attend_qkv_spec = spec  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        att_cuda.attend_qkv_spec = plain  # type: ignore[attr-defined]
+
+
+@contextmanager
+def project_prefetch_all() -> Any:
+    """RouteExperts' projection phase requests all of a lane's chunks before staging."""
+    from mlx_omnia.engine.core.kernels import moe
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+
+    plain = moe_cuda.route_experts_project
+    moe.route_experts_project = lambda project: all_chunks(plain(project))  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        moe.route_experts_project = plain  # type: ignore[attr-defined]
+
+
+VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
+    "no_down_l2": no_down_l2, "qkv_prefetch_all": qkv_prefetch_all,
+    "project_prefetch_all": project_prefetch_all}
 
 
 def clear_launchers() -> None:
