@@ -95,6 +95,27 @@ VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "project_prefetch_all": project_prefetch_all}
 
 
+@contextmanager
+def tagged(tag: str) -> Any:
+    """Kernel names suffixed with `tag` while an arm builds: an MLX that keys its compiled
+    modules by name alone (before it hashed the source into the name) would otherwise hand the
+    second arm the first arm's kernel of the same name."""
+    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+    from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
+
+    mods = (moe_cuda, qmv_cuda, att_cuda)
+    plain = [mod.cuda_kernel for mod in mods]
+    for mod, build in zip(mods, plain, strict=True):
+        mod.cuda_kernel = (  # type: ignore[attr-defined]
+            lambda name, *a, _b=build, **k: _b(f"{name}_{tag}", *a, **k))
+    try:
+        yield
+    finally:
+        for mod, build in zip(mods, plain, strict=True):
+            mod.cuda_kernel = build  # type: ignore[attr-defined]
+
+
 def clear_launchers() -> None:
     from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
     from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
@@ -142,7 +163,8 @@ def main() -> None:
         named = [(f"A{i} {v}", VARIANTS[v]) for i, v in enumerate(variant.split(","))]
         for arm, ctx in (*named, ("B tree", nullcontext)):
             clear_launchers()
-            with ctx():
+            tag = arm.split()[0].lower()
+            with ctx(), (tagged(tag) if tag != "b" else nullcontext()):
                 model = mlx_omnia.load(str(path), dtype="bfloat16")
                 seq = model.decoding()
                 mx.eval(seq.feed(list(range(1, 513))), seq.state())
