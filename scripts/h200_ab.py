@@ -47,6 +47,45 @@ def no_down_l2() -> Any:
         moe_cuda.experts_call = plain  # type: ignore[attr-defined]
 
 
+WAIT = """    while (load_acquire(count) < n) __nanosleep(100);
+    __threadfence();
+"""
+
+
+@contextmanager
+def header_text(old: str, new: str) -> Any:
+    """Every kernel header with `old` replaced by `new` (the wait of a chained launch's second
+    phase lives in the common header, which each launch's header extends)."""
+    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+    from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
+
+    saved: list[tuple[Any, str, str]] = []
+    for mod in (qmv_cuda, moe_cuda, att_cuda):
+        for name in ("QMV_HEADER", "MOE_HEADER", "ATTENTION_HEADER"):
+            text = getattr(mod, name, None)
+            if text is not None:
+                assert text.count(old) == 1, (mod.__name__, name)
+                saved.append((mod, name, text))
+                setattr(mod, name, text.replace(old, new))
+    try:
+        yield
+    finally:
+        for mod, name, text in saved:
+            setattr(mod, name, text)
+
+
+def wait_no_fence() -> AbstractContextManager[Any]:
+    """The waits without the fence after the count is seen: the acquire load already orders
+    the block's later reads (after the barrier), which go to L2 (ld.global.cg) anyway."""
+    return header_text(WAIT, WAIT.replace("    __threadfence();\n", ""))
+
+
+def poll_32ns() -> AbstractContextManager[Any]:
+    """The waits poll every ~32 ns instead of ~100 (wake-up granularity against L2 traffic)."""
+    return header_text(WAIT, WAIT.replace("__nanosleep(100)", "__nanosleep(32)"))
+
+
 def all_chunks(spec: Any) -> Any:
     """spec's launch with every chunk of a lane (up to 4 a row) requested before the input is
     staged: the sums keep their order (dc04482 and 6b1ba4f, backed out unmeasured)."""
@@ -92,7 +131,8 @@ def project_prefetch_all() -> Any:
 
 VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "no_down_l2": no_down_l2, "qkv_prefetch_all": qkv_prefetch_all,
-    "project_prefetch_all": project_prefetch_all}
+    "project_prefetch_all": project_prefetch_all, "wait_no_fence": wait_no_fence,
+    "poll_32ns": poll_32ns}
 
 
 @contextmanager
