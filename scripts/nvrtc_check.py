@@ -16,6 +16,7 @@ nvidia-cuda-cuobjdump wheel) to show the machine code."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import re
 import sys
@@ -137,10 +138,10 @@ def build_all() -> None:
     for dtype in (mx.bfloat16, mx.float16):
         for h, kv, d, qk in ((32, 8, 128, True), (32, 8, 64, False), (8, 8, 128, False),
                              (16, 2, 64, True), (8, 4, 32, True), (9, 3, 64, False)):
-            for cap in (256, 2304, 8192):
+            for cap, hs in itertools.product((256, 2304, 8192), (1, 2)):
                 spec = AttentionStepSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d,
                                          capacity=cap, scale=d**-0.5, q_eps=1e-6 if qk else None,
-                                         k_eps=1e-6 if qk else None)
+                                         k_eps=1e-6 if qk else None, head_split=hs)
                 if not attention_fits(spec):
                     continue
                 inputs = [mx.zeros((1, 1, h * d), dtype=dtype), mx.zeros((1, 1, kv * d), dtype=dtype),
@@ -311,11 +312,12 @@ def build_project_attend() -> None:
         for bits, group in ((None, None), (4, 64), (8, 64), (4, 32)):
             # qwen3-4b, qwen3-30b-a3b, a small test shape
             for k, h, kv, d in ((2560, 32, 8, 128), (2048, 32, 4, 128), (256, 4, 2, 64)):
-                for cap in (256, 2304):
+                for cap, hs in itertools.product((256, 2304), (1, 2)):
                     qkv = QmvSpec(dtype=dtype, k=k, rows=(h * d, kv * d, kv * d), bits=bits,
                                   group_size=group, norm_eps=1e-6)
                     spec = AttentionStepSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d,
-                                             capacity=cap, scale=d**-0.5, q_eps=1e-6, k_eps=1e-6)
+                                             capacity=cap, scale=d**-0.5, q_eps=1e-6, k_eps=1e-6,
+                                             head_split=hs)
                     if not project_attend_fits(qkv, spec):
                         print(f"declined: project_attend {qkv.name()} {spec.tag()}")
                         continue

@@ -220,6 +220,52 @@ def test_attention_step_matches_core(case: str, prefix: int, dtype: mx.Dtype) ->
         assert rel_err(mine.state["values"][..., :n, :], theirs.state["values"][..., :n, :]) == 0.0
 
 
+@pytest.mark.parametrize("case", ["qwen3", "gqa8 traditional", "scaled freqs"])
+@pytest.mark.parametrize("prefix", [1, 700, 2300])
+def test_attention_head_split_gives_the_same_bits(
+    case: str, prefix: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The query heads of a slice split over two blocks (head_split 2: their own partials,
+    counters and merges) write exactly what one block a slice writes, output, cache and
+    offset, step after step."""
+    from dataclasses import replace as with_field
+
+    from mlx_omnia.engine.core.kernels import attention_step
+
+    c = ATTENTION_CASES[case]
+    h, hkv, d = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+    dtype = mx.bfloat16
+
+    def decl() -> AttentionStep:
+        mx.random.seed(5)
+        norms = c["norms"]
+        return AttentionStep(n_heads=h, n_kv_heads=hkv, head_dim=d,
+                             q_norm=make_norm(d, dtype) if norms else None,
+                             k_norm=make_norm(d, dtype) if norms else None,
+                             rope=Rope(d, **c["rope"]))  # type: ignore[arg-type]
+
+    one, two = decl(), decl()
+    assert one.bind() == two.bind() == "attention_step_cuda"
+    core = one.reference()
+    mine, theirs = (prefilled_cache(core, prefix, h, hkv, d, dtype) for _ in range(2))
+    plain = attention_step.attention_spec
+    for step in range(3):
+        for cache in (mine, theirs):
+            cache.reserve(prefix + step + 1)
+        q = (2 * mx.random.normal((1, 1, h * d))).astype(dtype)
+        k = (2 * mx.random.normal((1, 1, hkv * d))).astype(dtype)
+        v = mx.random.normal((1, 1, hkv * d)).astype(dtype)
+        want = one.project(q, k, v, theirs)
+        monkeypatch.setattr(attention_step, "attention_spec",
+                            lambda *a: with_field(plain(*a), head_split=2))
+        got = two.project(q, k, v, mine)
+        mx.eval(got, want, mine.arrays(), theirs.arrays())
+        monkeypatch.setattr(attention_step, "attention_spec", plain)
+        assert np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
+        for name in ("keys", "values", "offset"):
+            assert mx.array_equal(mine.state[name], theirs.state[name]), (step, name)
+
+
 def test_kernels_bind_only_on_the_gpu_device() -> None:
     lin = make_linear(256, 512, (None, None), mx.bfloat16)
     mx.set_default_device(mx.cpu)

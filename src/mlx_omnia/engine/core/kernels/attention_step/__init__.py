@@ -18,6 +18,7 @@ import numpy as np
 from mlx_omnia.engine.core.cache import StaticKVCache
 from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters, launch_scratch
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
+    MAX_HEAD_SPLIT,
     AttentionStepSpec,
     launcher,
     partials_bytes,
@@ -89,9 +90,9 @@ def inverse_frequencies(decl: AttentionStep) -> mx.array:
 def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
     reference = decl.reference_project()
     inv_freq = inverse_frequencies(decl)
-    # The kernel's slice counters, one per kv head: zero between launches (the last block of a
-    # kv head resets its own); owned by this binding, written in place.
-    counters = launch_counters(decl.n_kv_heads)
+    # The kernel's slice counters, one per kv head and head split: zero between launches (the
+    # last block of a kv head resets its own); owned by this binding, written in place.
+    counters = launch_counters(decl.n_kv_heads * MAX_HEAD_SPLIT)
     evaluate(counters)
     # the partials at any capacity, taken before any launch is traced (launch_scratch)
     scratch = launch_scratch(partials_bytes(decl.n_heads, decl.head_dim))
@@ -172,7 +173,7 @@ def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.ar
     attention = decl.attention
     inv_freq = inverse_frequencies(attention)
     # Both counter arrays are written in place and left zero by each launch: owned here.
-    heads = launch_counters(attention.n_kv_heads)
+    heads = launch_counters(attention.n_kv_heads * MAX_HEAD_SPLIT)
     counters = launch_counters(3)
     evaluate(heads, counters)
     # q, k, v and the partials at any capacity, taken before any launch is traced

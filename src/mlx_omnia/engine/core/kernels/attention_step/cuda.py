@@ -41,6 +41,7 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import (
 from mlx_omnia.engine.core.kernels.qmv.cuda import spec_fits as qmv_fits
 
 MAX_SLICES = 640  # slices one merge can take (its weights sit in shared memory): 40960 rows
+MAX_HEAD_SPLIT = 2  # blocks a slice's query heads can be split over (counters per kv head)
 THREADS = 128      # a block's threads (NT in the kernel)
 
 ATTENTION_DEVICE = r"""
@@ -55,27 +56,33 @@ template <bool CG, typename U> __device__ __forceinline__ U ld_new(const U* p) {
 // `block`: this block's index among the attention's blocks (blockIdx.x, or a chained launch's
 // ticket). CG: q, k_new and v_new come from the first phase of a chained launch: `wait`,
 // `wait_for` say when they are there (wait_published), after the loads that do not need them.
-template <typename T, int H, int HKV, int D, int KPB, bool QN, bool KN, bool TRAD, bool CG = false>
+// HS: the query heads of a kv head are split over HS blocks of a slice (GB = G / HS heads
+// each, their own partials, counter and merge); every head's arithmetic is the same at any HS.
+template <typename T, int H, int HKV, int D, int KPB, bool QN, bool KN, bool TRAD, bool CG = false,
+          int HS = 1>
 __device__ __forceinline__ void attention_step(
     const T* q, const T* k_new, const T* v_new, const T* qw, const T* kw, const float* inv_freq,
     const T* k_cache, const T* v_cache, const int* pos_p, const int* counters, float* part_o,
     float* part_ml, T* out, int* next_pos, float eps_q, float eps_k, float scale, int cap,
     int block, const int* wait = nullptr, int wait_for = 0) {
-  constexpr int G = H / HKV;
+  constexpr int G = H / HKV;          // query heads of a kv head
+  constexpr int GB = G / HS;          // of them, this block's
   constexpr int NT = 128, NW = NT / 32;
   constexpr int CH = D / 8;          // 16-byte chunks of a row: the lanes of one key
   constexpr int SLOTS = NT / CH;     // keys the block holds at once
   constexpr int ITER = KPB / SLOTS;  // keys per thread
   constexpr int MAXS = @MAX_SLICES@;
-  constexpr int BUF = NW * G * D > G * MAXS ? NW * G * D : G * MAXS;
-  static_assert(KPB % SLOTS == 0 && (CH & (CH - 1)) == 0 && CH <= 32, "geometry");
-  __shared__ __align__(16) float hs[G + 1][D];  // rotated query heads, then the rotated new key
-  __shared__ float p[G][KPB];
-  __shared__ float stat[G][2];
+  constexpr int BUF = NW * GB * D > GB * MAXS ? NW * GB * D : GB * MAXS;
+  static_assert(KPB % SLOTS == 0 && (CH & (CH - 1)) == 0 && CH <= 32 && G % HS == 0, "geometry");
+  __shared__ __align__(16) float hs[GB + 1][D];  // rotated query heads, then the rotated new key
+  __shared__ float p[GB][KPB];
+  __shared__ float stat[GB][2];
   __shared__ __align__(16) float buf[BUF];      // per-warp outputs, then the merge weights
   __shared__ int last;
   const int slices = cap / KPB;
-  const int kvh = block / slices, split = block % slices;
+  const int kvh = block / (slices * HS), split = block % slices;
+  const int hh = HS == 1 ? 0 : block / slices % HS;  // which GB heads of the kv head
+  const int hoff = hh * GB;  // this block's first query head within its kv head's (0: HS 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int slot = tid / CH, c = tid % CH;
   const int pos = pos_p[0];
@@ -98,20 +105,20 @@ __device__ __forceinline__ void attention_step(
       kr[u] = reinterpret_cast<const uint4*>(kc + (size_t)t * D)[c];
     }
   }
-  // The head work's inputs too, before any of it: this warp's heads (j = warp + h * NW, the G
+  // The head work's inputs too, before any of it: this warp's heads (j = warp + h * NW, the GB
   // query heads then the new key), their norm weights and the rope frequencies, so the loads
   // of the head work overlap the slice's instead of following each other.
   constexpr int E = D / 32;              // dimensions per lane of one head
-  constexpr int HPW = (G + NW) / NW;     // heads per warp, rounded up (G + 1 heads)
+  constexpr int HPW = (GB + NW) / NW;    // heads per warp, rounded up (GB + 1 heads)
   float hv[HPW][E], hw[HPW][E], fr[E];
 #pragma unroll
   for (int h = 0; h < HPW; ++h) {
     const int j = warp + h * NW;
-    const bool nrm = j == G ? KN : QN;
+    const bool nrm = j == GB ? KN : QN;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       hw[h][e] = 0.f;
-      if (j <= G && nrm) hw[h][e] = to_f<T>((j == G ? kw : qw)[lane + 32 * e]);  // null: no norm
+      if (j <= GB && nrm) hw[h][e] = to_f<T>((j == GB ? kw : qw)[lane + 32 * e]);  // null: no norm
     }
   }
 #pragma unroll
@@ -123,8 +130,8 @@ __device__ __forceinline__ void attention_step(
 #pragma unroll
   for (int h = 0; h < HPW; ++h) {
     const int j = warp + h * NW;
-    if (j <= G) {
-      const T* src = j == G ? k_new + kvh * D : q + (kvh * G + j) * D;
+    if (j <= GB) {
+      const T* src = j == GB ? k_new + kvh * D : q + (kvh * G + hoff + j) * D;
 #pragma unroll
       for (int e = 0; e < E; ++e) hv[h][e] = to_f<T>(ld_new<CG>(src + lane + 32 * e));
     }
@@ -138,8 +145,8 @@ __device__ __forceinline__ void attention_step(
 #pragma unroll
   for (int h = 0; h < HPW; ++h) {
     const int j = warp + h * NW;
-    if (j > G) continue;  // uniform over the warp
-    const bool is_k = j == G;
+    if (j > GB) continue;  // uniform over the warp
+    const bool is_k = j == GB;
     float ss = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -174,9 +181,9 @@ __device__ __forceinline__ void attention_step(
     for (int e = 0; e < D / 32; ++e) hs[j][lane + 32 * e] = rnd<T>(rot[e]);
   }
   __syncthreads();
-  if (pos < t0 + KPB) {
+  if (hh == 0 && pos < t0 + KPB) {  // one block of the kv head stores the new row
     for (int d = tid; d < D; d += NT) {
-      kc[(size_t)pos * D + d] = from_f<T>(hs[G][d]);
+      kc[(size_t)pos * D + d] = from_f<T>(hs[GB][d]);
       vc[(size_t)pos * D + d] = ld_new<CG>(v_new + kvh * D + d);
     }
   }
@@ -187,13 +194,13 @@ __device__ __forceinline__ void attention_step(
     float kf[8];
     if (t0 + r == pos) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) kf[e] = hs[G][c * 8 + e];
+      for (int e = 0; e < 8; ++e) kf[e] = hs[GB][c * 8 + e];
     } else {
       unpack8<T>(kr[u], kf);
     }
-    float sc[G];
+    float sc[GB];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < GB; ++g) {
       const float4 qa = *reinterpret_cast<const float4*>(&hs[g][c * 8]);
       const float4 qb = *reinterpret_cast<const float4*>(&hs[g][c * 8 + 4]);
       float a = qa.x * kf[0];
@@ -204,15 +211,15 @@ __device__ __forceinline__ void attention_step(
 #pragma unroll
     for (int o = CH / 2; o > 0; o >>= 1) {
 #pragma unroll
-      for (int g = 0; g < G; ++g) sc[g] += __shfl_xor_sync(0xFFFFFFFFu, sc[g], o);
+      for (int g = 0; g < GB; ++g) sc[g] += __shfl_xor_sync(0xFFFFFFFFu, sc[g], o);
     }
     if (c == 0 && r < n) {
 #pragma unroll
-      for (int g = 0; g < G; ++g) p[g][r] = sc[g] * scale;
+      for (int g = 0; g < GB; ++g) p[g][r] = sc[g] * scale;
     }
   }
   __syncthreads();
-  for (int g = warp; g < G; g += NW) {
+  for (int g = warp; g < GB; g += NW) {
     float m = -omnia_inf();
     for (int i = lane; i < n; i += 32) m = fmaxf(m, p[g][i]);
     m = warp_max(m);
@@ -228,8 +235,8 @@ __device__ __forceinline__ void attention_step(
   __syncthreads();
   // Values: each thread accumulates its 8 dimensions over its keys, GH heads at a time (fewer
   // registers); the slots of a warp meet through shuffles, the warps in `buf`.
-  constexpr int GH = G < 4 ? G : 4;
-  for (int g0 = 0; g0 < G; g0 += GH) {
+  constexpr int GH = GB < 4 ? GB : 4;
+  for (int g0 = 0; g0 < GB; g0 += GH) {
     float o[GH][8];
 #pragma unroll
     for (int g = 0; g < GH; ++g) {
@@ -244,7 +251,7 @@ __device__ __forceinline__ void attention_step(
         unpack8<T>(vr[u], vf);
 #pragma unroll
         for (int g = 0; g < GH; ++g) {
-          const float pg = g0 + g < G ? p[g0 + g][r] : 0.f;
+          const float pg = g0 + g < GB ? p[g0 + g][r] : 0.f;
 #pragma unroll
           for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pg, vf[e], o[g][e]);
         }
@@ -261,30 +268,30 @@ __device__ __forceinline__ void attention_step(
     if (lane < CH) {
 #pragma unroll
       for (int g = 0; g < GH; ++g) {
-        if (g0 + g >= G) continue;
-        float4* dst = reinterpret_cast<float4*>(&buf[(warp * G + g0 + g) * D + c * 8]);
+        if (g0 + g >= GB) continue;
+        float4* dst = reinterpret_cast<float4*>(&buf[(warp * GB + g0 + g) * D + c * 8]);
         dst[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
         dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
       }
     }
   }
   __syncthreads();
-  for (int i = tid; i < G * D; i += NT) {
+  for (int i = tid; i < GB * D; i += NT) {
     float acc = 0.f;
 #pragma unroll
-    for (int w = 0; w < NW; ++w) acc += buf[w * G * D + i];
-    part_o[((size_t)split * H + kvh * G) * D + i] = acc;
+    for (int w = 0; w < NW; ++w) acc += buf[w * GB * D + i];
+    part_o[((size_t)split * H + kvh * G + hoff) * D + i] = acc;
   }
-  if (tid < G) {
-    part_ml[((size_t)split * H + kvh * G + tid) * 2] = stat[tid][0];
-    part_ml[((size_t)split * H + kvh * G + tid) * 2 + 1] = stat[tid][1];
+  if (tid < GB) {
+    part_ml[((size_t)split * H + kvh * G + hoff + tid) * 2] = stat[tid][0];
+    part_ml[((size_t)split * H + kvh * G + hoff + tid) * 2 + 1] = stat[tid][1];
   }
   // The last block of this kv head to get here merges every slice.
   const int active = (pos + KPB) / KPB;
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    int* counter = const_cast<int*>(counters) + kvh;
+    int* counter = const_cast<int*>(counters) + kvh * HS + hh;
     const int done = atomicAdd(counter, 1);
     last = done == active - 1;
     if (last) *counter = 0;  // every block of the launch has counted: ready for the next one
@@ -295,20 +302,20 @@ __device__ __forceinline__ void attention_step(
   // Merge weights: each warp takes its heads (g = warp + h * NW); a lane reads (m, l) of slices
   // lane, lane + 32, ... (the first 32 of every head of the warp requested at once), the
   // weights exp(m - max) go to buf[g * active + slice] and the head's sum of l * weight to stat.
-  constexpr int GPW = (G + NW - 1) / NW;
+  constexpr int GPW = (GB + NW - 1) / NW;
   float2 ml0[GPW];
 #pragma unroll
   for (int h = 0; h < GPW; ++h) {
     const int g = warp + h * NW;
     ml0[h] = make_float2(-omnia_inf(), 0.f);
-    if (g < G && lane < active)
-      ml0[h] = __ldcg(reinterpret_cast<const float2*>(part_ml + ((size_t)lane * H + kvh * G + g) * 2));
+    if (g < GB && lane < active)
+      ml0[h] = __ldcg(reinterpret_cast<const float2*>(part_ml + ((size_t)lane * H + kvh * G + hoff + g) * 2));
   }
 #pragma unroll
   for (int h = 0; h < GPW; ++h) {
     const int g = warp + h * NW;
-    if (g >= G) continue;  // uniform over the warp
-    const float* ml = part_ml + (size_t)(kvh * G + g) * 2;
+    if (g >= GB) continue;  // uniform over the warp
+    const float* ml = part_ml + (size_t)(kvh * G + hoff + g) * 2;
     float* wg = buf + g * active;
     float m = ml0[h].x;
     for (int sp = lane + 32; sp < active; sp += 32) {
@@ -335,10 +342,10 @@ __device__ __forceinline__ void attention_step(
   // Each thread owns OUT4 groups of 4 neighbouring outputs and reads their partials SB slices
   // at a time, every load of a batch in flight together (16 per thread; past the last slice
   // they read nothing and weigh 0): the merge is latency bound.
-  constexpr int F4 = G * D / 4, OUT4 = (F4 + NT - 1) / NT, SB = 16 / OUT4;
+  constexpr int F4 = GB * D / 4, OUT4 = (F4 + NT - 1) / NT, SB = 16 / OUT4;
   static_assert(OUT4 >= 1 && OUT4 <= 2, "merge geometry");
   constexpr size_t STRIDE4 = (size_t)H * D / 4;
-  const float4* po4 = reinterpret_cast<const float4*>(part_o + (size_t)kvh * G * D);
+  const float4* po4 = reinterpret_cast<const float4*>(part_o + (size_t)kvh * G * D + (size_t)hoff * D);
   float4 acc[OUT4];
 #pragma unroll
   for (int o = 0; o < OUT4; ++o) acc[o] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -355,7 +362,7 @@ __device__ __forceinline__ void attention_step(
     }
 #pragma unroll
     for (int o = 0; o < OUT4; ++o) {
-      const float* wg = buf + min((tid + o * NT) / (D / 4), G - 1) * active;
+      const float* wg = buf + min((tid + o * NT) / (D / 4), GB - 1) * active;
 #pragma unroll
       for (int u = 0; u < SB; ++u) {
         const float w = sp0 + u < active ? wg[sp0 + u] : 0.f;
@@ -369,7 +376,7 @@ __device__ __forceinline__ void attention_step(
     const int i4 = tid + o * NT;
     if (i4 >= F4) continue;
     const float l = stat[i4 / (D / 4)][1];
-    T* dst = out + kvh * G * D + i4 * 4;
+    T* dst = out + kvh * G * D + hoff * D + i4 * 4;
     dst[0] = from_f<T>(acc[o].x / l); dst[1] = from_f<T>(acc[o].y / l);
     dst[2] = from_f<T>(acc[o].z / l); dst[3] = from_f<T>(acc[o].w / l);
   }
@@ -396,6 +403,7 @@ class AttentionStepSpec:
     q_eps: float | None = None  # per-head RMS norm of the queries (weight input `qw`)
     k_eps: float | None = None
     traditional: bool = False   # rope pairs (2i, 2i+1) instead of (i, i + D/2)
+    head_split: int = 1         # blocks a slice's query heads are split over (HS)
 
     @property
     def keys_per_block(self) -> int:
@@ -410,7 +418,7 @@ class AttentionStepSpec:
         return (
             f"{str(self.dtype).split('.')[-1]}_h{self.n_heads}_kv{self.n_kv_heads}"
             f"_d{self.head_dim}_s{self.keys_per_block}{'_trad' if self.traditional else ''}"
-            f"_{consts}"
+            f"{f'_hs{self.head_split}' if self.head_split != 1 else ''}_{consts}"
         )
 
     def input_names(self) -> tuple[str, ...]:
@@ -437,7 +445,8 @@ def attention_call(spec: AttentionStepSpec, *, block: str = "blockIdx.x", cohere
     return (
         f"omnia::attention_step<{t}, {spec.n_heads}, {spec.n_kv_heads}, {spec.head_dim}, "
         f"{spec.keys_per_block}, {flag(qn)}, {flag(kn)}, {flag(spec.traditional)}, "
-        f"{flag(coherent)}>({n('q')}, {n('k_new')}, {n('v_new')}, "
+        f"{flag(coherent)}{f', {spec.head_split}' if spec.head_split != 1 else ''}>("
+        f"{n('q')}, {n('k_new')}, {n('v_new')}, "
         f"{n('qw') if qn else 'nullptr'}, {n('kw') if kn else 'nullptr'}, {n('inv_freq')}, "
         f"{n('k_cache')}, {n('v_cache')}, {n('pos')}, {n('counters')}, {n('part_o')}, "
         f"{n('part_ml')}, {n('out')}, {n('next_pos')}, {float(spec.q_eps or 0.0)!r}f, "
@@ -472,7 +481,7 @@ def partials(spec: AttentionStepSpec, at: str = "scratch") -> str:
 
 
 def blocks(spec: AttentionStepSpec) -> int:
-    return spec.n_kv_heads * spec.slices
+    return spec.n_kv_heads * spec.head_split * spec.slices
 
 
 @cache
@@ -508,6 +517,8 @@ def spec_fits(spec: AttentionStepSpec) -> bool:
         and spec.head_dim in (32, 64, 128)
         and spec.n_heads % spec.n_kv_heads == 0
         and spec.n_heads // spec.n_kv_heads <= 8
+        and spec.head_split in range(1, MAX_HEAD_SPLIT + 1)
+        and (spec.n_heads // spec.n_kv_heads) % spec.head_split == 0
         and spec.capacity % spec.keys_per_block == 0
         and spec.slices <= MAX_SLICES
     )
@@ -516,7 +527,7 @@ def spec_fits(spec: AttentionStepSpec) -> bool:
 # -- q/k/v then attention, one launch -------------------------------------------------------
 def attention_smem(spec: AttentionStepSpec) -> int:
     """Bytes of the attention device function's static shared memory (hs, p, stat, buf, last)."""
-    g, d, kpb = spec.n_heads // spec.n_kv_heads, spec.head_dim, spec.keys_per_block
+    g, d, kpb = spec.n_heads // spec.n_kv_heads // spec.head_split, spec.head_dim, spec.keys_per_block
     buf = max(THREADS // 32 * g * d, g * MAX_SLICES)
     return 4 * ((g + 1) * d + g * kpb + 2 * g + buf + 1)
 
