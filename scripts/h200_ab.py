@@ -4,6 +4,8 @@ alternating rounds (so the GPU's and host's state drifts alike for both), median
 
     python3 scripts/h200_ab.py VARIANT[,VARIANT...] [SHAPE [LAYERS [ROUNDS]]]   (qwen3-30b-a3b 48 8)
 
+(V1+V2: an arm with both patches.)
+
 VARIANT names a patch in VARIANTS (the "B" arm is the tree as it is; "A0", "A1"... the patched).
 The patch must act while the kernels are built: each model's first steps (which trace its
 compiled step and so build its launches) run under it, and the launchers' caches are cleared
@@ -19,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +181,20 @@ def tagged(tag: str) -> Any:
             mod.cuda_kernel = build  # type: ignore[attr-defined]
 
 
+def combined(spec: str) -> Callable[[], AbstractContextManager[Any]]:
+    """A variant by name, or several joined by "+" applied together."""
+    parts = [VARIANTS[name] for name in spec.split("+")]
+
+    @contextmanager
+    def all_of() -> Any:
+        with ExitStack() as stack:
+            for part in parts:
+                stack.enter_context(part())
+            yield
+
+    return all_of
+
+
 def clear_launchers() -> None:
     from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
     from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
@@ -223,7 +239,7 @@ def main() -> None:
     bounds = [0]
     with tempfile.TemporaryDirectory() as tmp:
         path = shapes.build_checkpoint(short, Path(tmp) / "m", dtype="bfloat16", quantize=(4, 64))
-        named = [(f"A{i} {v}", VARIANTS[v]) for i, v in enumerate(variant.split(","))]
+        named = [(f"A{i} {v}", combined(v)) for i, v in enumerate(variant.split(","))]
         for arm, ctx in (*named, ("B tree", nullcontext)):
             clear_launchers()
             tag = arm.split()[0].lower()
