@@ -153,7 +153,26 @@ def attention_head_split() -> Any:
         attention_step.attention_spec = plain  # type: ignore[attr-defined]
 
 
+@contextmanager
+def local_route() -> Any:
+    """RouteExperts with every expert block routing the logits itself (`local_route`): one
+    grid-wide publish and wait fewer between the router and the experts."""
+    from functools import partial
+
+    from mlx_omnia.engine.core.kernels import moe
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+
+    plain = moe.route_experts_launcher
+    moe.route_experts_launcher = partial(moe_cuda.route_experts_launcher,  # type: ignore[attr-defined]
+                                         local_route=True)
+    try:
+        yield
+    finally:
+        moe.route_experts_launcher = plain  # type: ignore[attr-defined]
+
+
 VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
+    "local_route": local_route,
     "attention_head_split": attention_head_split,
     "no_down_l2": no_down_l2, "qkv_prefetch_all": qkv_prefetch_all,
     "project_prefetch_all": project_prefetch_all, "wait_no_fence": wait_no_fence,
@@ -239,6 +258,7 @@ def main() -> None:
     bounds = [0]
     with tempfile.TemporaryDirectory() as tmp:
         path = shapes.build_checkpoint(short, Path(tmp) / "m", dtype="bfloat16", quantize=(4, 64))
+        mx.clear_cache()  # the build's buffers: each arm holds a whole model
         named = [(f"A{i} {v}", combined(v)) for i, v in enumerate(variant.split(","))]
         for arm, ctx in (*named, ("B tree", nullcontext)):
             clear_launchers()

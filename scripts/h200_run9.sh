@@ -195,7 +195,7 @@ elif [ "$1" = W ]; then
   timeout ${WT:-240} python3 scripts/h200_layer_trace.py ${WM:-qwen3-30b-a3b 48 q4} 2>&1 | grep -v Warning | tee $OUT/trace.txt
   timeout 120 python3 scripts/h200_slots.py 2>&1 | tee $OUT/slots.txt
 elif [ "$1" = X ]; then
-  TRACE=1 timeout ${XT:-260} python3 scripts/h200_ab.py ${2:-qkv_prefetch_all,project_prefetch_all,attention_head_split,attention_head_split+qkv_prefetch_all} \
+  TRACE=1 timeout ${XT:-260} python3 scripts/h200_ab.py ${2:-qkv_prefetch_all,attention_head_split,attention_head_split+qkv_prefetch_all,local_route,project_prefetch_all} \
     qwen3-30b-a3b 48 ${ROUNDS:-12} 2>&1 | grep -v "Warn\|^  @" > $OUT/ab_trace.txt
   grep -E "^==|step median|^B /|span  |by phase|projection |router|gate/up |down |last 8 ends|B end median|A last end|B run after|B released med" $OUT/ab_trace.txt
   for m in "" chained; do

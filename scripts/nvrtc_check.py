@@ -296,7 +296,9 @@ def build_route_experts() -> None:
                           mx.zeros((hidden,), dtype=dtype), *mats(e, hidden, bits, group, dtype),
                           mx.zeros((hidden,), dtype=dtype), *emats(2 * inner, hidden),
                           *emats(hidden, inner), mx.zeros((6,), dtype=mx.int32)]
-                route_experts_launcher(project, route, router, up, down)(inputs)
+                for local in (False, True):
+                    route_experts_launcher(project, route, router, up, down,
+                                           local_route=local)(inputs)
 
 
 def build_project_attend() -> None:

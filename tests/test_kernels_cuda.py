@@ -649,6 +649,45 @@ def test_route_experts_equals_project_route_then_the_experts_chain(
         assert rel_err(got, want) == 0.0, step
 
 
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64)], ids=str)
+def test_route_experts_routed_by_every_expert_block_gives_the_same_bits(
+    fmt: tuple[int | None, int | None], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RouteExperts with `local_route` (each gate/up and down block routes the logits into its
+    shared memory, no router block publishes the ids) writes exactly what the launch whose last
+    router block routes writes, launch after launch."""
+    from functools import partial
+
+    from mlx_omnia.engine.core.kernels import moe
+    from mlx_omnia.engine.core.moe import RouteExperts
+
+    monkeypatch.delenv("OMNIA_ROUTE_EXPERTS", raising=False)
+    k_in, width, n, k, hidden = 4096, 2048, 128, 8, 768
+    dtype = mx.bfloat16
+    if fmt[0] is None:
+        n = 16
+    post = make_norm(width, dtype)
+    o_proj, gate = make_linear(k_in, width, fmt, dtype), make_linear(width, n, fmt, dtype)
+    route = Route(n, k, normalize=True, router=Projections([gate], norm=post))
+    gate_up = GateUp(n, width, hidden, norm=post)
+    experts = DownCombine(n, hidden, width, gate_up=gate_up)
+    make_experts(gate_up, fmt, dtype)
+    make_experts(experts, fmt, dtype)
+    decl = RouteExperts(ProjectRoute(o_proj, route), experts)
+    assert decl.bind() == "route_experts_cuda"
+    plain = moe.route_experts_launcher
+    for step in range(3):
+        a = mx.random.normal((1, 1, k_in)).astype(dtype)
+        x = (2 * mx.random.normal((1, 1, width))).astype(dtype)
+        want = decl(a, x)
+        mx.eval(want)
+        monkeypatch.setattr(moe, "route_experts_launcher", partial(plain, local_route=True))
+        got = decl(a, x)
+        mx.eval(got)
+        monkeypatch.setattr(moe, "route_experts_launcher", plain)
+        assert rel_err(got, want) == 0.0, step
+
+
 @pytest.mark.parametrize(("k_in", "heads", "kv_heads"), [(2560, 32, 8), (2048, 32, 4), (256, 4, 2)])
 @pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])

@@ -160,9 +160,10 @@ struct DownL2 {
 // `wait_for` say when (wait_published, first: the rows depend on ids); EXT: the staging lives
 // in the caller's shared buffer `ext` (StagingBytes). DOWN_ROWS > 0 (a chained launch whose
 // down phase follows): the down weights dw, ds, db of the selected experts are requested into
-// L2 (DownL2; `blocks`: the launch's gate/up blocks).
+// L2 (DownL2; `blocks`: the launch's gate/up blocks). IDS_SHARED: `ids` is in this block's
+// shared memory (the block routed itself), read as is.
 template <typename T, int BITS, int GROUP, int K, int HID, int TOPK, int LPR, int NWARPS,
-          bool NORM, bool CG = false, bool EXT = false, int DOWN_ROWS = 0>
+          bool NORM, bool CG = false, bool EXT = false, int DOWN_ROWS = 0, bool IDS_SHARED = false>
 __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* ids,
                                                const void* w, const T* s, const T* b, T* out,
                                                const T* g, float eps, int block,
@@ -196,7 +197,7 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
   const int j = pair / HID, r = pair % HID;
   wait_published(wait, wait_for);
   auto read_id = [&](int i) -> unsigned int {
-    if constexpr (CG) return __ldcg(ids + i); else return ids[i];
+    if constexpr (CG && !IDS_SHARED) return __ldcg(ids + i); else return ids[i];
   };
   using Down = DownL2<T, BITS, GROUP, HID, DOWN_ROWS, TOPK>;
   const int line0 = block * NT + tid;  // this thread's first down line (DOWN_ROWS > 0)
@@ -262,9 +263,11 @@ __device__ __forceinline__ void expert_gate_up(const T* x, const unsigned int* i
 // requested).
 // HERE: ids, wts and res were written in this launch too (read through L2); `wait_ids`,
 // `ids_for` say when ids are there (before the first weights, whose rows depend on them).
-// EXT: the staging lives in the caller's shared buffer `ext` (StagingBytes).
+// EXT: the staging lives in the caller's shared buffer `ext` (StagingBytes). IDS_SHARED (with
+// HERE): ids and wts are in this block's shared memory (the block routed itself), read as is.
 template <typename T, int BITS, int GROUP, int K, int OUT, int TOPK, int LPE, int NWARPS,
-          bool RESID, bool CG = false, bool HERE = false, bool EXT = false>
+          bool RESID, bool CG = false, bool HERE = false, bool EXT = false,
+          bool IDS_SHARED = false>
 __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids, const T* wts,
                                             const void* w, const T* s, const T* b, const T* res,
                                             T* y, int block, const int* wait = nullptr,
@@ -294,7 +297,7 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   const bool mine = j < TOPK && r < OUT;
   wait_published(wait_ids, ids_for);
   int row;
-  if constexpr (HERE) {
+  if constexpr (HERE && !IDS_SHARED) {
     row = mine ? (int)__ldcg(ids + j) * OUT + r : 0;
   } else {
     row = mine ? (int)ids[j] * OUT + r : 0;
@@ -336,7 +339,7 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
 #pragma unroll
   for (int o = LPE / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
   float p;
-  if constexpr (HERE) {
+  if constexpr (HERE && !IDS_SHARED) {
     p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * to_f<T>(__ldcg(wts + j))) : 0.f;
   } else {
     p = mine && sl == 0 ? rnd<T>(rnd<T>(acc) * to_f<T>(wts[j])) : 0.f;
@@ -547,7 +550,7 @@ def experts_blocks(spec: ExpertsSpec) -> int:
 def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool = False,
                  names: Mapping[str, str] | None = None, wait: str | None = None,
                  here: bool = False, wait_ids: str | None = None, ext: str | None = None,
-                 down: ExpertsSpec | None = None) -> str:
+                 down: ExpertsSpec | None = None, ids_shared: bool = False) -> str:
     """The expert_gate_up / expert_down call. `block`: this block's index among the kernel's
     blocks; `coherent`: the input (x or h; gate/up: the ids too) is written by other blocks of
     the same launch, and `wait` ("count, n": chain_wait) says when it is there; `here` (down):
@@ -555,8 +558,9 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
     says when the ids are; `ext`: the launch's shared buffer the input is staged in
     (experts_staging_bytes); `down` (gate/up in a chained launch): the down call that follows,
     whose weights (the launch's w2, s2, b2) the gate/up blocks request into L2 (DownL2);
-    `names`: the launch's variable for an input or output (experts_input_names, out) where it
-    differs."""
+    `ids_shared`: the ids (down: and the routing weights) are in the block's shared memory,
+    routed by the block itself (a gate/up call then names its `down`); `names`: the launch's
+    variable for an input or output (experts_input_names, out) where it differs."""
     t = CUDA_TYPES[spec.dtype]
     bits, group = spec.bits or 0, spec.group_size or 1
     rename = dict(names or {})
@@ -576,12 +580,19 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
             flags += f", {down.rows}"
             dargs = "w2, s2, b2" if down.bits is not None else "w2, nullptr, nullptr"
             tail += f", {dargs}, {experts_blocks(spec)}"
+            if ids_shared:
+                flags += ", true"
+        else:
+            assert not ids_shared, "a gate/up call with shared ids names its down"
         return (f"omnia::expert_gate_up<{t}, {bits}, {group}, {spec.k}, {spec.rows}, "
                 f"{spec.top_k}, {spec.lanes}, {WARPS}, {flag(norm)}{flags}>({n('x')}, "
                 f"{n('ids')}, {margs}, {n('out')}, {n('g') if norm else 'nullptr'}, {eps}, "
                 f"{block}{tail});\n")
     more = here or wait_ids is not None or ext is not None
     flags = f", {flag(here)}, {flag(ext is not None)}" if more else ""
+    if ids_shared:
+        assert here, "shared ids come with `here`"
+        flags += ", true"
     if more:
         tail = f", {wait or NO_WAIT}, {wait_ids or NO_WAIT}, {ext or 'nullptr'}"
     else:
@@ -812,7 +823,7 @@ def route_experts_scratch(route: RouteSpec, up: ExpertsSpec, down: ExpertsSpec
 @cache
 def route_experts_launcher(
     project: QmvSpec, route: RouteSpec, router: QmvSpec, up: ExpertsSpec, down: ExpertsSpec,
-    lead: tuple[int, ...] = (),
+    lead: tuple[int, ...] = (), local_route: bool = False,
 ) -> Callable[..., mx.array]:
     """(a [*lead, in], the projection's weights..., residual [*lead, out], the router's
     weights..., the norm weight [out], gate/up weights..., down weights..., counters [6] int32
@@ -823,7 +834,11 @@ def route_experts_launcher(
     the ids and h through L2 and count (counters[5]); the down blocks wait for the ids
     (their first weights) and then the gate/up blocks, and add h back. Each phase is the same
     device call as in project_route_launcher / chain_launcher, so the result is theirs, bit
-    for bit. A block waits only on lower tickets. The last down block zeroes the counters."""
+    for bit. A block waits only on lower tickets. The last down block zeroes the counters.
+    `local_route` (not bound by default; scripts/h200_ab.py measures it): no router block
+    routes; each gate/up and down block waits for all the router blocks (counters[3]) and
+    routes the logits itself into its shared memory (the same device call, so the same ids and
+    weights), one grid-wide publish and wait fewer on the way to the experts."""
     chained = chained_router(router, route.n_experts, WARPS)
     na, nb = blocks_of(project), blocks_of(chained)
     nc, nd = experts_blocks(up), experts_blocks(down)
@@ -838,6 +853,47 @@ def route_experts_launcher(
     published = (
         "  __threadfence();\n  __syncthreads();\n"
         "  if (threadIdx.x == 0) atomicAdd(count + {}, 1);\n"
+    )
+    route_call = (f"omnia::route<{ty}, {route.n_experts}, {route.top_k}, "
+                  f"{int(route.topk_first)}, {flag(route.normalize)}, true>")
+    router_end = (
+        "  __threadfence();\n  __syncthreads();\n"
+        f"  if (threadIdx.x == 0) routes = atomicAdd(count + 3, 1) == {nb - 1};\n"
+        "  __syncthreads();\n"
+        "  if (routes) {\n    __threadfence();\n"
+        f"    if (threadIdx.x < 32) {route_call}(logits, wts, ids);\n"
+        + published.format(4) + "  }\n  return;\n}\n"
+    )
+    experts = (
+        f"if (t < {na + nb + nc}) {{\n"
+        + experts_call(up, block=f"t - {na + nb}", coherent=True, wait="count + 4, 1",
+                       names={"x": "h", "w": "w1", "s": "s1", "b": "b1", "out": "mid"},
+                       ext="ext", down=down)
+        + published.format(5) + "  return;\n}\n"
+        + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
+                       wait=f"count + 5, {nc}", wait_ids="count + 4, 1",
+                       names={"h": "mid", "w": "w2", "s": "s2", "b": "b2", "res": "h"},
+                       ext="ext")
+    )
+    # every expert block routes the logits itself, once all the router blocks have written them
+    local = (
+        f"__shared__ unsigned int l_ids[{route.top_k}];\n"
+        f"__shared__ {ty} l_wts[{route.top_k}];\n"
+        f"omnia::wait_published(count + 3, {nb});\n"
+        f"if (threadIdx.x < 32) {route_call}(logits, l_wts, l_ids);\n"
+        "__syncthreads();\n"
+    )
+    local_experts = (
+        local
+        + f"if (t < {na + nb + nc}) {{\n"
+        + experts_call(up, block=f"t - {na + nb}", coherent=True,
+                       names={"x": "h", "ids": "l_ids", "w": "w1", "s": "s1", "b": "b1",
+                              "out": "mid"}, ext="ext", down=down, ids_shared=True)
+        + published.format(5) + "  return;\n}\n"
+        + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
+                       wait=f"count + 5, {nc}",
+                       names={"h": "mid", "ids": "l_ids", "wts": "l_wts", "w": "w2", "s": "s2",
+                              "b": "b2", "res": "h"}, ext="ext", ids_shared=True)
     )
     source = (
         f"__shared__ __align__(16) char ext[{ext}];\n"
@@ -860,22 +916,8 @@ def route_experts_launcher(
         + chained.source(block=f"t - {na}", coherent=True,
                          names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"},
                          wait=chain_wait(na), ext="ext")
-        + "  __threadfence();\n  __syncthreads();\n"
-        f"  if (threadIdx.x == 0) routes = atomicAdd(count + 3, 1) == {nb - 1};\n"
-        "  __syncthreads();\n"
-        "  if (routes) {\n    __threadfence();\n"
-        f"    if (threadIdx.x < 32) omnia::route<{ty}, {route.n_experts}, {route.top_k}, "
-        f"{int(route.topk_first)}, {flag(route.normalize)}, true>(logits, wts, ids);\n"
-        + published.format(4) + "  }\n  return;\n}\n"
-        f"if (t < {na + nb + nc}) {{\n"
-        + experts_call(up, block=f"t - {na + nb}", coherent=True, wait="count + 4, 1",
-                       names={"x": "h", "w": "w1", "s": "s1", "b": "b1", "out": "mid"},
-                       ext="ext", down=down)
-        + published.format(5) + "  return;\n}\n"
-        + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
-                       wait=f"count + 5, {nc}", wait_ids="count + 4, 1",
-                       names={"h": "mid", "w": "w2", "s": "s2", "b": "b2", "res": "h"},
-                       ext="ext")
+        + (router_end if not local_route else published.format(3) + "  return;\n}\n")
+        + (experts if not local_route else local_experts)
         + f"if (threadIdx.x == 0 && atomicAdd(count + 2, 1) == {nd - 1}) {{\n"
         "  count[0] = 0; count[1] = 0; count[2] = 0; count[3] = 0; count[4] = 0; count[5] = 0;\n"
         "}\n"
@@ -885,8 +927,8 @@ def route_experts_launcher(
     full = f"{project.name()}|{route.name()}|{chained.name()}|{up.name()}|{down.name()}"
     digest = hashlib.sha1(full.encode()).hexdigest()[:16]
     kernel = cuda_kernel(
-        f"omnia_route_experts__{route.name()}__{down.name()[len('omnia_experts_'):]}_{digest}",
-        names, ("out",), source, MOE_HEADER)
+        f"omnia_route_experts__{route.name()}__{down.name()[len('omnia_experts_'):]}_{digest}"
+        + ("_lr" if local_route else ""), names, ("out",), source, MOE_HEADER)
     shapes = [(*lead, down.rows)]
     grid, threads = ((na + nb + nc + nd) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
     own = own_scratch(route_experts_scratch(route, up, down)[-1])
