@@ -1,6 +1,6 @@
-"""A/B of a kernel variant in one process: the same checkpoint loaded twice, once with the
-variant's patch applied while its kernels are built, their pipelined decode steps timed in
-alternating rounds (so the GPU's and host's state drifts alike for both), medians printed.
+"""A/B of kernel variants in one process: the same checkpoint loaded once per arm, each variant's
+patch applied while its kernels are built, the arms' pipelined decode steps timed in rotating
+rounds (so the GPU's and host's state drifts alike for all), medians printed.
 
     python3 scripts/h200_ab.py VARIANT[,VARIANT...] [SHAPE [LAYERS [ROUNDS]]]   (qwen3-30b-a3b 48 8)
 
@@ -9,7 +9,7 @@ alternating rounds (so the GPU's and host's state drifts alike for both), median
 VARIANT names a patch in VARIANTS (the "B" arm is the tree as it is; "A0", "A1"... the patched).
 The patch must act while the kernels are built: each model's first steps (which trace its
 compiled step and so build its launches) run under it, and the launchers' caches are cleared
-between the two models so neither reuses the other's kernels. TRACE=1: both models' chained
+between the models so none reuses another's kernels. TRACE=1: every model's chained
 launches are stamped as scripts/h200_layer_trace.py stamps them, and each arm's last step is
 reported that way (GPU times, whatever the host does)."""
 
