@@ -22,9 +22,10 @@
 #    the carry (scripts/fetch_device_tools.sh).
 # W: the decode step's timeline per chained launch (h200_layer_trace.py; WM="SHAPE LAYERS FMT")
 #    and the host µs of a launch's inputs/outputs (h200_slots.py).
-# X ["VARIANTS"]: kernel variants against the tree in one process (h200_ab.py, TRACE=1: each
-#    arm's step timeline too; default the session-15 candidates), the attention's phases alone
-#    and chained (h200_attention_trace.py), then the MoE bench (C).
+# X ["VARIANTS"]: the new bit-equality tests (head split, local routing), then kernel variants
+#    against the tree in one process (h200_ab.py, TRACE=1: each arm's step timeline too; default
+#    the session-15 candidates), the chained attention's phases (h200_attention_trace.py), then
+#    the MoE bench (C). About 8-9 minutes.
 # V [SECONDS [FIRST]]: the CUDA tests (JOBS xdist workers) in four parts from part FIRST (default 1): the chained
 #    launches, the whole small models, experts/routing, qmv/attention; each part's output in
 #    $OUT/cuda_part<N>.txt; within SECONDS (default 540) overall.
@@ -195,14 +196,15 @@ elif [ "$1" = W ]; then
   timeout ${WT:-240} python3 scripts/h200_layer_trace.py ${WM:-qwen3-30b-a3b 48 q4} 2>&1 | grep -v Warning | tee $OUT/trace.txt
   timeout 120 python3 scripts/h200_slots.py 2>&1 | tee $OUT/slots.txt
 elif [ "$1" = X ]; then
-  TRACE=1 timeout ${XT:-260} python3 scripts/h200_ab.py ${2:-qkv_prefetch_all,attention_head_split,attention_head_split+qkv_prefetch_all,local_route,project_prefetch_all} \
-    qwen3-30b-a3b 48 ${ROUNDS:-12} 2>&1 | grep -v "Warn\|^  @" > $OUT/ab_trace.txt
-  grep -E "^==|step median|^B /|span  |by phase|projection |router|gate/up |down |last 8 ends|B end median|A last end|B run after|B released med" $OUT/ab_trace.txt
-  for m in "" chained; do
-    timeout 60 python3 scripts/h200_attention_trace.py 4 600 768 $m 2>&1 | grep -v Warn | tail -16 | tee -a $OUT/att_trace.txt
-  done
+  # the new bit-equality tests first (a variant whose kernel is wrong would fault the A/B)
+  cuda_tests ${XT0:-120} $OUT/new_tests.txt -k "head_split or routed_by_every"
+  grep -E "passed|failed|FAILED|Error" $OUT/new_tests.txt | tail -4
+  TRACE=1 timeout ${XT:-230} python3 scripts/h200_ab.py ${2:-qkv_prefetch_all,attention_head_split,attention_head_split+qkv_prefetch_all,local_route,project_prefetch_all} \
+    qwen3-30b-a3b 48 ${ROUNDS:-10} 2>&1 | grep -v "Warn\|^  @" > $OUT/ab_trace.txt
+  grep -E "^==|step median|^B /|skipped|span  |by phase|projection |router|gate/up |down |last 8 ends|B end median|A last end|B run after|B released med" $OUT/ab_trace.txt
+  timeout 45 python3 scripts/h200_attention_trace.py 4 600 768 chained 2>&1 | grep -v Warn | tail -16 | tee $OUT/att_trace.txt
   B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
-  timeout ${CT:-200} $B --runs ${RUNS:-2} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
+  timeout ${CT:-170} $B --runs ${RUNS:-2} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
 elif [ "$1" = L ]; then
   # prefill at a long prompt (4096 tokens, --runs 1), bf16 and 4-bit qwen3-4b
   for q in "" "--quantize 4"; do
