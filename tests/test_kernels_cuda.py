@@ -756,6 +756,44 @@ def test_project_attend_equals_projections_then_attention(
         assert rel_err(got, core_out) <= 8 * ULP[dtype], step
 
 
+@pytest.mark.parametrize(("k_in", "heads", "kv_heads"), [(2560, 32, 8), (2048, 32, 4)])
+@pytest.mark.parametrize("prefix", [37, 700])
+def test_project_attend_head_split_gives_the_same_bits(
+    k_in: int, heads: int, kv_heads: int, prefix: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ProjectAttend whose attention phase splits a slice's query heads over two blocks writes
+    exactly what the launch of one block a slice writes: output, cache and offset."""
+    from dataclasses import replace as with_field
+
+    from mlx_omnia.engine.core.kernels import attention_step
+
+    dtype, d = mx.bfloat16, 128
+    mats = [make_linear(k_in, n, (4, 64), dtype) for n in (heads * d, kv_heads * d, kv_heads * d)]
+    qkv = Projections(mats, norm=make_norm(k_in, dtype))
+    att = AttentionStep(n_heads=heads, n_kv_heads=kv_heads, head_dim=d, q_norm=make_norm(d, dtype),
+                        k_norm=make_norm(d, dtype), rope=Rope(d, base=1e6))
+    one, two = ProjectAttend(qkv, att), ProjectAttend(qkv, att)
+    assert qkv.bind() == "qmv_cuda" and att.bind() == "attention_step_cuda"
+    assert one.bind() == two.bind() == "project_attend_cuda"
+    core = att.reference()
+    mine, theirs = (prefilled_cache(core, prefix, heads, kv_heads, d, dtype) for _ in range(2))
+    plain = attention_step.attention_spec
+    for step in range(3):
+        for cache in (mine, theirs):
+            cache.reserve(prefix + step + 1)
+        x = (2 * mx.random.normal((1, 1, k_in))).astype(dtype)
+        want = one(x, theirs)
+        mx.eval(want, theirs.arrays())
+        monkeypatch.setattr(attention_step, "attention_spec",
+                            lambda *a: with_field(plain(*a), head_split=2))
+        got = two(x, mine)
+        mx.eval(got, mine.arrays())
+        monkeypatch.setattr(attention_step, "attention_spec", plain)
+        assert rel_err(got, want) == 0.0, step
+        for name in ("keys", "values", "offset"):
+            assert mx.array_equal(mine.state[name], theirs.state[name]), (step, name)
+
+
 @pytest.mark.parametrize("quantize", [None, {"bits": 4, "group_size": 64}])
 def test_qwen3_model_greedy_tokens_agree_with_the_reference(
     tmp_path: Path, quantize: dict[str, int] | None
