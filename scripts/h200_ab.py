@@ -32,7 +32,17 @@ STEPS = 40
 
 
 @contextmanager
-def no_down_l2() -> Any:
+def patched(mod: Any, name: str, value: Any) -> Any:
+    """mod.name is `value` meanwhile."""
+    plain = getattr(mod, name)
+    setattr(mod, name, value)
+    try:
+        yield
+    finally:
+        setattr(mod, name, plain)
+
+
+def no_down_l2() -> AbstractContextManager[Any]:
     """The chained experts launches without the gate/up blocks' L2 requests of the down weights."""
     from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
 
@@ -42,11 +52,7 @@ def no_down_l2() -> Any:
         kwargs.pop("down", None)
         return plain(spec, **kwargs)
 
-    moe_cuda.experts_call = call  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        moe_cuda.experts_call = plain  # type: ignore[attr-defined]
+    return patched(moe_cuda, "experts_call", call)
 
 
 WAIT = """    while (load_acquire(count) < n) __nanosleep(100);
@@ -54,27 +60,21 @@ WAIT = """    while (load_acquire(count) < n) __nanosleep(100);
 """
 
 
-@contextmanager
-def header_text(old: str, new: str) -> Any:
+def header_text(old: str, new: str) -> AbstractContextManager[Any]:
     """Every kernel header with `old` replaced by `new` (the wait of a chained launch's second
     phase lives in the common header, which each launch's header extends)."""
     from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
     from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
     from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
 
-    saved: list[tuple[Any, str, str]] = []
+    stack = ExitStack()
     for mod in (qmv_cuda, moe_cuda, att_cuda):
         for name in ("QMV_HEADER", "MOE_HEADER", "ATTENTION_HEADER"):
             text = getattr(mod, name, None)
             if text is not None:
                 assert text.count(old) == 1, (mod.__name__, name)
-                saved.append((mod, name, text))
-                setattr(mod, name, text.replace(old, new))
-    try:
-        yield
-    finally:
-        for mod, name, text in saved:
-            setattr(mod, name, text)
+                stack.enter_context(patched(mod, name, text.replace(old, new)))
+    return stack
 
 
 def wait_no_fence() -> AbstractContextManager[Any]:
@@ -98,8 +98,7 @@ def all_chunks(spec: Any) -> Any:
     return replace(spec, launch=replace(cfg, prefetch=cfg.prefetch or min(4, -(-chunks // cfg.lanes))))
 
 
-@contextmanager
-def qkv_prefetch_all() -> Any:
+def qkv_prefetch_all() -> AbstractContextManager[Any]:
     """project_attend's quantized q/k/v phase requests all of a lane's chunks before staging
     (its 4-warp blocks, 4 an SM, keep one chunk a row in flight until then)."""
     from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
@@ -110,29 +109,19 @@ def qkv_prefetch_all() -> Any:
         got = plain(qkv)
         return all_chunks(got) if qkv.bits is not None and got.config.rows == 2 else got
 
-    att_cuda.attend_qkv_spec = spec  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        att_cuda.attend_qkv_spec = plain  # type: ignore[attr-defined]
+    return patched(att_cuda, "attend_qkv_spec", spec)
 
 
-@contextmanager
-def project_prefetch_all() -> Any:
+def project_prefetch_all() -> AbstractContextManager[Any]:
     """RouteExperts' projection phase requests all of a lane's chunks before staging."""
     from mlx_omnia.engine.core.kernels import moe
     from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
 
     plain = moe_cuda.route_experts_project
-    moe.route_experts_project = lambda project: all_chunks(plain(project))  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        moe.route_experts_project = plain  # type: ignore[attr-defined]
+    return patched(moe, "route_experts_project", lambda project: all_chunks(plain(project)))
 
 
-@contextmanager
-def attention_head_split() -> Any:
+def attention_head_split() -> AbstractContextManager[Any]:
     """The attention's query heads of a slice split over two blocks (AttentionStepSpec
     head_split 2, where the group size is even): half the heads' work and merge a block; at
     Qwen3-30B-A3B's shape project_attend's registers fall from 109 to 92 (5 blocks an SM)."""
@@ -146,15 +135,10 @@ def attention_head_split() -> Any:
         got = plain(*args)
         return replace(got, head_split=2) if (got.n_heads // got.n_kv_heads) % 2 == 0 else got
 
-    attention_step.attention_spec = spec  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        attention_step.attention_spec = plain  # type: ignore[attr-defined]
+    return patched(attention_step, "attention_spec", spec)
 
 
-@contextmanager
-def local_route() -> Any:
+def local_route() -> AbstractContextManager[Any]:
     """RouteExperts with every expert block routing the logits itself (`local_route`): one
     grid-wide publish and wait fewer between the router and the experts."""
     from functools import partial
@@ -162,13 +146,8 @@ def local_route() -> Any:
     from mlx_omnia.engine.core.kernels import moe
     from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
 
-    plain = moe.route_experts_launcher
-    moe.route_experts_launcher = partial(moe_cuda.route_experts_launcher,  # type: ignore[attr-defined]
-                                         local_route=True)
-    try:
-        yield
-    finally:
-        moe.route_experts_launcher = plain  # type: ignore[attr-defined]
+    return patched(moe, "route_experts_launcher",
+                   partial(moe_cuda.route_experts_launcher, local_route=True))
 
 
 VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
@@ -188,16 +167,12 @@ def tagged(tag: str) -> Any:
     from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
     from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
 
-    mods = (moe_cuda, qmv_cuda, att_cuda)
-    plain = [mod.cuda_kernel for mod in mods]
-    for mod, build in zip(mods, plain, strict=True):
-        mod.cuda_kernel = (  # type: ignore[attr-defined]
-            lambda name, *a, _b=build, **k: _b(f"{name}_{tag}", *a, **k))
-    try:
+    with ExitStack() as stack:
+        for mod in (moe_cuda, qmv_cuda, att_cuda):
+            build = mod.cuda_kernel
+            stack.enter_context(patched(mod, "cuda_kernel", lambda name, *a, _b=build, **k:
+                                        _b(f"{name}_{tag}", *a, **k)))
         yield
-    finally:
-        for mod, build in zip(mods, plain, strict=True):
-            mod.cuda_kernel = build  # type: ignore[attr-defined]
 
 
 def combined(spec: str) -> Callable[[], AbstractContextManager[Any]]:

@@ -7,6 +7,8 @@ differently ordered float32 sums (a few units in the last place of the largest o
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -186,6 +188,17 @@ def prefilled_cache(core: Any, prefix: int, heads: int, kv_heads: int, d: int,
     return StaticKVCache.from_cache(cache)
 
 
+def step_inputs(caches: tuple[StaticKVCache, ...], rows: int, heads: int, kv_heads: int, d: int,
+                dtype: mx.Dtype) -> tuple[mx.array, mx.array, mx.array]:
+    """One decode step's q, k, v, the caches reserved for `rows` rows."""
+    for cache in caches:
+        cache.reserve(rows)
+    q = (2 * mx.random.normal((1, 1, heads * d))).astype(dtype)
+    k = (2 * mx.random.normal((1, 1, kv_heads * d))).astype(dtype)
+    v = mx.random.normal((1, 1, kv_heads * d)).astype(dtype)
+    return q, k, v
+
+
 @pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
 @pytest.mark.parametrize("prefix", [1, 64, 700, 2300])
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -204,11 +217,7 @@ def test_attention_step_matches_core(case: str, prefix: int, dtype: mx.Dtype) ->
 
     mine, theirs = prefilled(), prefilled()
     for step in range(3):
-        for cache in (mine, theirs):
-            cache.reserve(prefix + step + 1)
-        q = (2 * mx.random.normal((1, 1, h * d))).astype(dtype)
-        k = (2 * mx.random.normal((1, 1, hkv * d))).astype(dtype)
-        v = mx.random.normal((1, 1, hkv * d)).astype(dtype)
+        q, k, v = step_inputs((mine, theirs), prefix + step + 1, h, hkv, d, dtype)
         got = att.project(q, k, v, mine)
         want = core(q, k, v, theirs)
         mx.eval(got, want, mine.arrays(), theirs.arrays())
@@ -220,6 +229,33 @@ def test_attention_step_matches_core(case: str, prefix: int, dtype: mx.Dtype) ->
         assert rel_err(mine.state["values"][..., :n, :], theirs.state["values"][..., :n, :]) == 0.0
 
 
+@contextmanager
+def heads_split_in_two(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Attention launches built meanwhile split a slice's query heads over two blocks."""
+    from dataclasses import replace as with_field
+
+    from mlx_omnia.engine.core.kernels import attention_step
+
+    plain = attention_step.attention_spec
+    monkeypatch.setattr(attention_step, "attention_spec",
+                        lambda *a: with_field(plain(*a), head_split=2))
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(attention_step, "attention_spec", plain)
+
+
+def two_caches(core: Any, prefix: int, heads: int, kv_heads: int, d: int,
+               dtype: mx.Dtype) -> tuple[StaticKVCache, StaticKVCache]:
+    mine, theirs = (prefilled_cache(core, prefix, heads, kv_heads, d, dtype) for _ in range(2))
+    return mine, theirs
+
+
+def assert_same_caches(mine: StaticKVCache, theirs: StaticKVCache, step: int) -> None:
+    for name in ("keys", "values", "offset"):
+        assert mx.array_equal(mine.state[name], theirs.state[name]), (step, name)
+
+
 @pytest.mark.parametrize("case", ["qwen3", "gqa8 traditional", "scaled freqs"])
 @pytest.mark.parametrize("prefix", [1, 700, 2300])
 def test_attention_head_split_gives_the_same_bits(
@@ -228,10 +264,6 @@ def test_attention_head_split_gives_the_same_bits(
     """The query heads of a slice split over two blocks (head_split 2: their own partials,
     counters and merges) write exactly what one block a slice writes, output, cache and
     offset, step after step."""
-    from dataclasses import replace as with_field
-
-    from mlx_omnia.engine.core.kernels import attention_step
-
     c = ATTENTION_CASES[case]
     h, hkv, d = c["n_heads"], c["n_kv_heads"], c["head_dim"]
     dtype = mx.bfloat16
@@ -246,24 +278,15 @@ def test_attention_head_split_gives_the_same_bits(
 
     one, two = decl(), decl()
     assert one.bind() == two.bind() == "attention_step_cuda"
-    core = one.reference()
-    mine, theirs = (prefilled_cache(core, prefix, h, hkv, d, dtype) for _ in range(2))
-    plain = attention_step.attention_spec
+    mine, theirs = two_caches(one.reference(), prefix, h, hkv, d, dtype)
     for step in range(3):
-        for cache in (mine, theirs):
-            cache.reserve(prefix + step + 1)
-        q = (2 * mx.random.normal((1, 1, h * d))).astype(dtype)
-        k = (2 * mx.random.normal((1, 1, hkv * d))).astype(dtype)
-        v = mx.random.normal((1, 1, hkv * d)).astype(dtype)
+        q, k, v = step_inputs((mine, theirs), prefix + step + 1, h, hkv, d, dtype)
         want = one.project(q, k, v, theirs)
-        monkeypatch.setattr(attention_step, "attention_spec",
-                            lambda *a: with_field(plain(*a), head_split=2))
-        got = two.project(q, k, v, mine)
-        mx.eval(got, want, mine.arrays(), theirs.arrays())
-        monkeypatch.setattr(attention_step, "attention_spec", plain)
-        assert np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
-        for name in ("keys", "values", "offset"):
-            assert mx.array_equal(mine.state[name], theirs.state[name]), (step, name)
+        with heads_split_in_two(monkeypatch):
+            got = two.project(q, k, v, mine)
+            mx.eval(got, want, mine.arrays(), theirs.arrays())
+        assert rel_err(got, want) == 0.0, step
+        assert_same_caches(mine, theirs, step)
 
 
 def test_kernels_bind_only_on_the_gpu_device() -> None:
@@ -763,10 +786,6 @@ def test_project_attend_head_split_gives_the_same_bits(
 ) -> None:
     """ProjectAttend whose attention phase splits a slice's query heads over two blocks writes
     exactly what the launch of one block a slice writes: output, cache and offset."""
-    from dataclasses import replace as with_field
-
-    from mlx_omnia.engine.core.kernels import attention_step
-
     dtype, d = mx.bfloat16, 128
     mats = [make_linear(k_in, n, (4, 64), dtype) for n in (heads * d, kv_heads * d, kv_heads * d)]
     qkv = Projections(mats, norm=make_norm(k_in, dtype))
@@ -775,23 +794,18 @@ def test_project_attend_head_split_gives_the_same_bits(
     one, two = ProjectAttend(qkv, att), ProjectAttend(qkv, att)
     assert qkv.bind() == "qmv_cuda" and att.bind() == "attention_step_cuda"
     assert one.bind() == two.bind() == "project_attend_cuda"
-    core = att.reference()
-    mine, theirs = (prefilled_cache(core, prefix, heads, kv_heads, d, dtype) for _ in range(2))
-    plain = attention_step.attention_spec
+    mine, theirs = two_caches(att.reference(), prefix, heads, kv_heads, d, dtype)
     for step in range(3):
         for cache in (mine, theirs):
             cache.reserve(prefix + step + 1)
         x = (2 * mx.random.normal((1, 1, k_in))).astype(dtype)
         want = one(x, theirs)
         mx.eval(want, theirs.arrays())
-        monkeypatch.setattr(attention_step, "attention_spec",
-                            lambda *a: with_field(plain(*a), head_split=2))
-        got = two(x, mine)
-        mx.eval(got, mine.arrays())
-        monkeypatch.setattr(attention_step, "attention_spec", plain)
+        with heads_split_in_two(monkeypatch):
+            got = two(x, mine)
+            mx.eval(got, mine.arrays())
         assert rel_err(got, want) == 0.0, step
-        for name in ("keys", "values", "offset"):
-            assert mx.array_equal(mine.state[name], theirs.state[name]), (step, name)
+        assert_same_caches(mine, theirs, step)
 
 
 @pytest.mark.parametrize("quantize", [None, {"bits": 4, "group_size": 64}])
