@@ -864,36 +864,31 @@ def route_experts_launcher(
         f"    if (threadIdx.x < 32) {route_call}(logits, wts, ids);\n"
         + published.format(4) + "  }\n  return;\n}\n"
     )
+    # local_route: every expert block routes the logits itself into its shared memory, once all
+    # the router blocks have written them; the expert calls then read the ids from there
+    if local_route:
+        router_end = published.format(3) + "  return;\n}\n"
+        experts_head = (
+            f"__shared__ unsigned int l_ids[{route.top_k}];\n"
+            f"__shared__ {ty} l_wts[{route.top_k}];\n"
+            f"omnia::wait_published(count + 3, {nb});\n"
+            f"if (threadIdx.x < 32) {route_call}(logits, l_wts, l_ids);\n"
+            "__syncthreads();\n"
+        )
+        routed, ids_wait = {"ids": "l_ids", "wts": "l_wts"}, None
+    else:
+        experts_head, routed, ids_wait = "", {}, "count + 4, 1"
     experts = (
-        f"if (t < {na + nb + nc}) {{\n"
-        + experts_call(up, block=f"t - {na + nb}", coherent=True, wait="count + 4, 1",
-                       names={"x": "h", "w": "w1", "s": "s1", "b": "b1", "out": "mid"},
-                       ext="ext", down=down)
-        + published.format(5) + "  return;\n}\n"
-        + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
-                       wait=f"count + 5, {nc}", wait_ids="count + 4, 1",
-                       names={"h": "mid", "w": "w2", "s": "s2", "b": "b2", "res": "h"},
-                       ext="ext")
-    )
-    # every expert block routes the logits itself, once all the router blocks have written them
-    local = (
-        f"__shared__ unsigned int l_ids[{route.top_k}];\n"
-        f"__shared__ {ty} l_wts[{route.top_k}];\n"
-        f"omnia::wait_published(count + 3, {nb});\n"
-        f"if (threadIdx.x < 32) {route_call}(logits, l_wts, l_ids);\n"
-        "__syncthreads();\n"
-    )
-    local_experts = (
-        local
+        experts_head
         + f"if (t < {na + nb + nc}) {{\n"
-        + experts_call(up, block=f"t - {na + nb}", coherent=True,
-                       names={"x": "h", "ids": "l_ids", "w": "w1", "s": "s1", "b": "b1",
-                              "out": "mid"}, ext="ext", down=down, ids_shared=True)
+        + experts_call(up, block=f"t - {na + nb}", coherent=True, wait=ids_wait,
+                       names={"x": "h", "w": "w1", "s": "s1", "b": "b1", "out": "mid", **routed},
+                       ext="ext", down=down, ids_shared=local_route)
         + published.format(5) + "  return;\n}\n"
         + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
-                       wait=f"count + 5, {nc}",
-                       names={"h": "mid", "ids": "l_ids", "wts": "l_wts", "w": "w2", "s": "s2",
-                              "b": "b2", "res": "h"}, ext="ext", ids_shared=True)
+                       wait=f"count + 5, {nc}", wait_ids=ids_wait,
+                       names={"h": "mid", "w": "w2", "s": "s2", "b": "b2", "res": "h", **routed},
+                       ext="ext", ids_shared=local_route)
     )
     source = (
         f"__shared__ __align__(16) char ext[{ext}];\n"
@@ -916,8 +911,8 @@ def route_experts_launcher(
         + chained.source(block=f"t - {na}", coherent=True,
                          names={"x": "h", "w0": "rw", "s0": "rs", "b0": "rb", "y0": "logits"},
                          wait=chain_wait(na), ext="ext")
-        + (router_end if not local_route else published.format(3) + "  return;\n}\n")
-        + (experts if not local_route else local_experts)
+        + router_end
+        + experts
         + f"if (threadIdx.x == 0 && atomicAdd(count + 2, 1) == {nd - 1}) {{\n"
         "  count[0] = 0; count[1] = 0; count[2] = 0; count[3] = 0; count[4] = 0; count[5] = 0;\n"
         "}\n"
