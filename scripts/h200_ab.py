@@ -31,6 +31,15 @@ import numpy as np
 STEPS = 40
 
 
+def kernel_modules() -> tuple[Any, ...]:
+    """The modules that build CUDA kernel sources (their headers, launchers, cuda_kernel)."""
+    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+    from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
+
+    return qmv_cuda, moe_cuda, att_cuda
+
+
 @contextmanager
 def patched(mod: Any, name: str, value: Any) -> Any:
     """mod.name is `value` meanwhile."""
@@ -63,12 +72,8 @@ WAIT = """    while (load_acquire(count) < n) __nanosleep(100);
 def header_text(old: str, new: str) -> AbstractContextManager[Any]:
     """Every kernel header with `old` replaced by `new` (the wait of a chained launch's second
     phase lives in the common header, which each launch's header extends)."""
-    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
-    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
-    from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
-
     stack = ExitStack()
-    for mod in (qmv_cuda, moe_cuda, att_cuda):
+    for mod in kernel_modules():
         for name in ("QMV_HEADER", "MOE_HEADER", "ATTENTION_HEADER"):
             text = getattr(mod, name, None)
             if text is not None:
@@ -163,12 +168,8 @@ def tagged(tag: str) -> Any:
     """Kernel names suffixed with `tag` while an arm builds: an MLX that keys its compiled
     modules by name alone (before it hashed the source into the name) would otherwise hand the
     second arm the first arm's kernel of the same name."""
-    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
-    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
-    from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
-
     with ExitStack() as stack:
-        for mod in (moe_cuda, qmv_cuda, att_cuda):
+        for mod in kernel_modules():
             build = mod.cuda_kernel
             stack.enter_context(patched(mod, "cuda_kernel", lambda name, *a, _b=build, **k:
                                         _b(f"{name}_{tag}", *a, **k)))
@@ -190,11 +191,7 @@ def combined(spec: str) -> Callable[[], AbstractContextManager[Any]]:
 
 
 def clear_launchers() -> None:
-    from mlx_omnia.engine.core.kernels.attention_step import cuda as att_cuda
-    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
-    from mlx_omnia.engine.core.kernels.qmv import cuda as qmv_cuda
-
-    for mod in (moe_cuda, qmv_cuda, att_cuda):
+    for mod in kernel_modules():
         for value in vars(mod).values():
             if callable(value) and hasattr(value, "cache_clear"):
                 value.cache_clear()

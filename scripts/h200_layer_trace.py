@@ -15,7 +15,6 @@ engine's kernels are not changed."""
 from __future__ import annotations
 
 import itertools
-import os
 import statistics
 import sys
 import tempfile
@@ -100,14 +99,6 @@ def patch() -> None:
         return plain_kernel(name, *args, **kwargs)
 
     moe_cuda.cuda_kernel = kernel  # type: ignore[attr-defined]
-    if os.environ.get("TRACE_NO_DOWN_L2") == "1":  # A/B: the gate/up blocks request no down weights
-        plain_call = moe_cuda.experts_call
-
-        def no_l2(spec: Any, **kwargs: Any) -> str:
-            kwargs.pop("down", None)
-            return plain_call(spec, **kwargs)
-
-        moe_cuda.experts_call = no_l2  # type: ignore[attr-defined]
 
 
 # RouteExperts (OMNIA_ROUTE_EXPERTS=0 leaves it out): its own four-phase body, stamped the same way past its

@@ -61,6 +61,10 @@ cuda_tests() {  # SECONDS OUTFILE PYTEST-ARGS...
   done
   return $rc
 }
+moe_bench() {  # the MoE bench against mlx-lm (CT: time limit, RUNS, EXTRA: more arguments)
+  local B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
+  timeout ${CT:-400} $B --runs ${RUNS:-3} ${EXTRA:-} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
+}
 if [ "$1" = V ]; then
   end=$(( $(date +%s) + ${2:-540} )); n=0
   parts=("chain or project_route or project_attend" "model_greedy" "(experts or routed or route_matches or bind_only) and not chain and not project_route"
@@ -190,9 +194,6 @@ elif [ "$1" = W ]; then
   # the step's timeline (globaltimer stamps of every chained launch's blocks) and the host time
   # to queue a step: WM="SHAPE LAYERS FMT" (default the MoE at 48 layers, 4-bit), then the
   # host cost of a launch's inputs and outputs (h200_slots.py)
-  # WAB=1: first without the gate/up blocks' L2 requests of the down weights (TRACE_NO_DOWN_L2)
-  [ "${WAB:-0}" = 1 ] && TRACE_NO_DOWN_L2=1 timeout ${WT:-240} python3 scripts/h200_layer_trace.py \
-    ${WM:-qwen3-30b-a3b 48 q4} 2>&1 | grep -v Warning | tee $OUT/trace_no_l2.txt
   timeout ${WT:-240} python3 scripts/h200_layer_trace.py ${WM:-qwen3-30b-a3b 48 q4} 2>&1 | grep -v Warning | tee $OUT/trace.txt
   timeout 120 python3 scripts/h200_slots.py 2>&1 | tee $OUT/slots.txt
 elif [ "$1" = X ]; then
@@ -203,8 +204,7 @@ elif [ "$1" = X ]; then
     qwen3-30b-a3b 48 ${ROUNDS:-10} 2>&1 | grep -v "Warn\|^  @" > $OUT/ab_trace.txt
   grep -E "^==|step median|^B /|skipped|span  |by phase|projection |router|gate/up |down |last 8 ends|B end median|A last end|B run after|B released med" $OUT/ab_trace.txt
   timeout 45 python3 scripts/h200_attention_trace.py 4 600 768 chained 2>&1 | grep -v Warn | tail -16 | tee $OUT/att_trace.txt
-  B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
-  timeout ${CT:-170} $B --runs ${RUNS:-2} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
+  CT=${CT:-170} RUNS=${RUNS:-2} moe_bench
 elif [ "$1" = L ]; then
   # prefill at a long prompt (4096 tokens, --runs 1), bf16 and 4-bit qwen3-4b
   for q in "" "--quantize 4"; do
@@ -212,8 +212,7 @@ elif [ "$1" = L ]; then
       --generate 32 --runs ${RUNS:-1} $q 2>&1 | grep -v '^\[omnia-bench\]' | tail -4 | tee -a $OUT/long.txt
   done
 elif [ "$1" = C ]; then
-  B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
-  timeout ${CT:-400} $B --runs ${RUNS:-3} ${EXTRA:-} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
+  moe_bench
 else
   for fmt in bf16 q4; do
     timeout 100 $NCU --clock-control none --metrics gpu__time_duration.sum --csv \
