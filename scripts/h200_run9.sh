@@ -25,7 +25,7 @@
 # X ["VARIANTS"]: the new bit-equality tests (head split, local routing), then kernel variants
 #    against the tree in one process (h200_ab.py, TRACE=1: each arm's step timeline too; default
 #    the session-15 candidates), the chained attention's phases (h200_attention_trace.py), then
-#    the MoE bench (C). About 8-9 minutes. XATT=0 leaves the attention trace out, XBENCH=0 the
+#    the MoE bench (C). About 8-9 minutes. XL: the A/B model's layers (default 48). XATT=0 leaves the attention trace out, XBENCH=0 the
 #    bench.
 # V [SECONDS [FIRST]]: the CUDA tests (JOBS xdist workers) in four parts from part FIRST (default 1): the chained
 #    launches, the whole small models, experts/routing, qmv/attention; each part's output in
@@ -202,7 +202,7 @@ elif [ "$1" = X ]; then
   cuda_tests ${XT0:-120} $OUT/new_tests.txt -k "head_split or routed_by_every"
   grep -E "passed|failed|FAILED|Error" $OUT/new_tests.txt | tail -4
   TRACE=1 timeout ${XT:-230} python3 scripts/h200_ab.py ${2:-qkv_prefetch_all,attention_head_split,attention_head_split+qkv_prefetch_all,local_route,project_prefetch_all} \
-    qwen3-30b-a3b 48 ${ROUNDS:-10} 2>&1 | grep -v "Warn\|^  @" > $OUT/ab_trace.txt
+    qwen3-30b-a3b ${XL:-48} ${ROUNDS:-10} 2>&1 | grep -v "Warn\|^  @" > $OUT/ab_trace.txt
   grep -E "^==|step median|last logits|^B /|skipped|span  |by phase|projection |router|gate/up |down |last 8 ends|B end median|A last end|B run after|B released med" $OUT/ab_trace.txt
   [ "${XATT:-1}" = 1 ] && timeout 45 python3 scripts/h200_attention_trace.py 4 600 768 chained 2>&1 | grep -v Warn | tail -16 | tee $OUT/att_trace.txt
   [ "${XBENCH:-1}" = 1 ] && CT=${CT:-170} RUNS=${RUNS:-2} moe_bench
