@@ -25,7 +25,7 @@
 # X ["VARIANTS"]: the new bit-equality tests (head split, local routing), then kernel variants
 #    against the tree in one process (h200_ab.py, TRACE=1: each arm's step timeline too; default
 #    the session-15 candidates), the chained attention's phases (h200_attention_trace.py), then
-#    the MoE bench (C). About 8-9 minutes. XL: the A/B model's layers (default 48). XATT=0 leaves the attention trace out, XBENCH=0 the
+#    the MoE bench (C) with the A/B's winner applied (h200_bench_variant.py). About 8-9 minutes. XL: the A/B model's layers (default 48). XTESTS=0 leaves the tests out, XATT=0 the attention trace, XBENCH=0 the
 #    bench.
 # V [SECONDS [FIRST]]: the CUDA tests (JOBS xdist workers) in four parts from part FIRST (default 1): the chained
 #    launches, the whole small models, experts/routing, qmv/attention; each part's output in
@@ -63,7 +63,7 @@ cuda_tests() {  # SECONDS OUTFILE PYTEST-ARGS...
   return $rc
 }
 moe_bench() {  # the MoE bench against mlx-lm (CT: time limit, RUNS, EXTRA: more arguments)
-  local B="python3 -m mlx_omnia.bench.main interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
+  local B="python3 ${BENCH_PY:--m mlx_omnia.bench.main} interleaved --model qwen3-30b-a3b --quantize 4 --prequantize"
   timeout ${CT:-400} $B --runs ${RUNS:-3} ${EXTRA:-} --json $OUT/moe.json 2>&1 | grep -v '^\[omnia-bench\] run' | tee $OUT/moe.txt
 }
 if [ "$1" = V ]; then
@@ -199,13 +199,18 @@ elif [ "$1" = W ]; then
   timeout 120 python3 scripts/h200_slots.py 2>&1 | tee $OUT/slots.txt
 elif [ "$1" = X ]; then
   # the new bit-equality tests first (a variant whose kernel is wrong would fault the A/B)
-  cuda_tests ${XT0:-120} $OUT/new_tests.txt -k "head_split or routed_by_every"
-  grep -E "passed|failed|FAILED|Error" $OUT/new_tests.txt | tail -4
+  if [ "${XTESTS:-1}" = 1 ]; then
+    cuda_tests ${XT0:-120} $OUT/new_tests.txt -k "head_split or routed_by_every"
+    grep -E "passed|failed|FAILED|Error" $OUT/new_tests.txt | tail -4
+  fi
   TRACE=1 timeout ${XT:-230} python3 scripts/h200_ab.py ${2:-qkv_prefetch_all,attention_head_split,attention_head_split+qkv_prefetch_all,local_route,project_prefetch_all} \
     qwen3-30b-a3b ${XL:-48} ${ROUNDS:-10} 2>&1 | grep -v "Warn\|^  @" > $OUT/ab_trace.txt
   grep -E "^==|step median|last logits|^B /|skipped|span  |by phase|projection |router|gate/up |down |last 8 ends|B end median|A last end|B run after|B released med" $OUT/ab_trace.txt
   [ "${XATT:-1}" = 1 ] && timeout 45 python3 scripts/h200_attention_trace.py 4 600 768 chained 2>&1 | grep -v Warn | tail -16 | tee $OUT/att_trace.txt
-  [ "${XBENCH:-1}" = 1 ] && CT=${CT:-170} RUNS=${RUNS:-2} moe_bench
+  # the bench with the A/B's winner (the fastest arm with the tree's bits, > WIN faster), if any
+  win=$(sed -n 's/^WINNER: //p' $OUT/ab_trace.txt); echo "A/B winner: ${win:-none}"
+  [ "${XBENCH:-1}" = 1 ] && BENCH_PY="scripts/h200_bench_variant.py ${win:-none}" \
+    CT=${CT:-170} RUNS=${RUNS:-2} moe_bench
 elif [ "$1" = L ]; then
   # prefill at a long prompt (4096 tokens, --runs 1), bf16 and 4-bit qwen3-4b
   for q in "" "--quantize 4"; do
