@@ -689,6 +689,8 @@ PROJECT_ATTEND_ACCEPTED: dict[str, Callable[[], ProjectAttend]] = {
     "qwen3-4b 4-bit": lambda: project_attend(),
     "qwen3-30b-a3b 4-bit (8 query heads a kv head, K 2048)": lambda: project_attend(
         qkv={"k": 2048}, n_kv_heads=4),
+    "K 8192, 8 query heads a kv head (split over two blocks: half the attention's shared "
+    "memory)": lambda: project_attend(qkv={"k": 8192}, n_kv_heads=4),
     "dense bf16": lambda: project_attend(qkv={"bits": None}),
     "q/k/v without a norm": lambda: project_attend(with_norm=False),
     "llama (no head norms, head 64)": lambda: project_attend(
@@ -702,8 +704,9 @@ PROJECT_ATTEND_DECLINED: dict[str, Callable[[], ProjectAttend]] = {
         qkv={"rows": (2048, 1024, 1024)}),
     "sliding-window attention": lambda: project_attend(window=4096),
     "soft-capped attention": lambda: project_attend(softcap=50.0),
-    "both staged inputs past one block's shared memory (K 8192, 8 query heads a kv head)":
-        lambda: project_attend(qkv={"k": 8192}, n_kv_heads=4),
+    "both staged inputs past one block's shared memory (K 8192, 7 query heads a kv head: an "
+    "odd group, one block a slice)":
+        lambda: project_attend(qkv={"k": 8192}, n_heads=28, n_kv_heads=4),
 }
 
 

@@ -230,15 +230,16 @@ def test_attention_step_matches_core(case: str, prefix: int, dtype: mx.Dtype) ->
 
 
 @contextmanager
-def heads_split_in_two(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Attention launches built meanwhile split a slice's query heads over two blocks."""
+def heads_in_one_block(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Attention launches built meanwhile run a slice's query heads in one block (head_split 1,
+    the geometry before the split became the default)."""
     from dataclasses import replace as with_field
 
     from mlx_omnia.engine.core.kernels import attention_step
 
     plain = attention_step.attention_spec
     monkeypatch.setattr(attention_step, "attention_spec",
-                        lambda *a: with_field(plain(*a), head_split=2))
+                        lambda *a: with_field(plain(*a), head_split=1))
     try:
         yield
     finally:
@@ -261,9 +262,11 @@ def assert_same_caches(mine: StaticKVCache, theirs: StaticKVCache, step: int) ->
 def test_attention_head_split_gives_the_same_bits(
     case: str, prefix: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The query heads of a slice split over two blocks (head_split 2: their own partials,
-    counters and merges) write exactly what one block a slice writes, output, cache and
-    offset, step after step."""
+    """The query heads of a slice split over two blocks (head_split 2, the default where the
+    group is even: their own partials, counters and merges) write exactly what one block a
+    slice writes, output, cache and offset, step after step."""
+    from mlx_omnia.engine.core.kernels.attention_step import attention_spec
+
     c = ATTENTION_CASES[case]
     h, hkv, d = c["n_heads"], c["n_kv_heads"], c["head_dim"]
     dtype = mx.bfloat16
@@ -278,12 +281,13 @@ def test_attention_head_split_gives_the_same_bits(
 
     one, two = decl(), decl()
     assert one.bind() == two.bind() == "attention_step_cuda"
+    assert attention_spec(two, dtype, StaticKVCache.step).head_split == 2
     mine, theirs = two_caches(one.reference(), prefix, h, hkv, d, dtype)
     for step in range(3):
         q, k, v = step_inputs((mine, theirs), prefix + step + 1, h, hkv, d, dtype)
-        want = one.project(q, k, v, theirs)
-        with heads_split_in_two(monkeypatch):
-            got = two.project(q, k, v, mine)
+        got = two.project(q, k, v, mine)
+        with heads_in_one_block(monkeypatch):
+            want = one.project(q, k, v, theirs)
             mx.eval(got, want, mine.arrays(), theirs.arrays())
         assert rel_err(got, want) == 0.0, step
         assert_same_caches(mine, theirs, step)
@@ -676,9 +680,9 @@ def test_route_experts_equals_project_route_then_the_experts_chain(
 def test_route_experts_routed_by_every_expert_block_gives_the_same_bits(
     fmt: tuple[int | None, int | None], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """RouteExperts with `local_route` (each gate/up and down block routes the logits into its
-    shared memory, no router block publishes the ids) writes exactly what the launch whose last
-    router block routes writes, launch after launch."""
+    """RouteExperts with `local_route` (the default: each gate/up and down block routes the
+    logits into its shared memory, no router block publishes the ids) writes exactly what the
+    launch whose last router block routes writes, launch after launch."""
     from functools import partial
 
     from mlx_omnia.engine.core.kernels import moe
@@ -702,17 +706,25 @@ def test_route_experts_routed_by_every_expert_block_gives_the_same_bits(
     for step in range(3):
         a = mx.random.normal((1, 1, k_in)).astype(dtype)
         x = (2 * mx.random.normal((1, 1, width))).astype(dtype)
-        want = decl(a, x)
-        mx.eval(want)
-        monkeypatch.setattr(moe, "route_experts_launcher", partial(plain, local_route=True))
         got = decl(a, x)
         mx.eval(got)
+        monkeypatch.setattr(moe, "route_experts_launcher", partial(plain, local_route=False))
+        want = decl(a, x)
+        mx.eval(want)
         monkeypatch.setattr(moe, "route_experts_launcher", plain)
         assert rel_err(got, want) == 0.0, step
 
 
-@pytest.mark.parametrize(("k_in", "heads", "kv_heads"), [(2560, 32, 8), (2048, 32, 4), (256, 4, 2)])
-@pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)
+# K 8192 with 8 query heads a kv head fits one block only with the heads split over two blocks
+# (half the attention's shared memory); 8-bit q/k/v stage more and do not fit there
+PROJECT_ATTEND_SHAPES = [
+    (k_in, heads, kv_heads, fmt)
+    for k_in, heads, kv_heads in [(2560, 32, 8), (2048, 32, 4), (256, 4, 2)]
+    for fmt in [(None, None), (4, 64), (8, 64)]
+] + [(8192, 32, 4, (None, None)), (8192, 32, 4, (4, 64))]
+
+
+@pytest.mark.parametrize(("k_in", "heads", "kv_heads", "fmt"), PROJECT_ATTEND_SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("prefix", [37, 2100])
 def test_project_attend_equals_projections_then_attention(
@@ -726,7 +738,7 @@ def test_project_attend_equals_projections_then_attention(
     phase's two rows a lane group give one row's bits; the output matches the
     core attention of those q, k, v within the attention test's bound."""
     from mlx_omnia.engine.core.kernels.attention_step import attention_spec
-    from mlx_omnia.engine.core.kernels.attention_step.cuda import attend_qkv_spec
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import MAX_HEAD_SPLIT, attend_qkv_spec
     from mlx_omnia.engine.core.kernels.attention_step.cuda import launcher as attention_launcher
 
     d = 128 if heads > 4 else 64
@@ -751,7 +763,7 @@ def test_project_attend_equals_projections_then_attention(
     from mlx_omnia.engine.core.kernels.attention_step import inverse_frequencies
 
     inv_freq = inverse_frequencies(att)
-    heads_counters = mx.zeros((kv_heads,), dtype=mx.int32)
+    heads_counters = mx.zeros((kv_heads * MAX_HEAD_SPLIT,), dtype=mx.int32)
     for step in range(3):
         for cache in (mine, theirs, ref):
             cache.reserve(prefix + step + 1)
@@ -784,8 +796,9 @@ def test_project_attend_equals_projections_then_attention(
 def test_project_attend_head_split_gives_the_same_bits(
     k_in: int, heads: int, kv_heads: int, prefix: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ProjectAttend whose attention phase splits a slice's query heads over two blocks writes
-    exactly what the launch of one block a slice writes: output, cache and offset."""
+    """ProjectAttend whose attention phase splits a slice's query heads over two blocks (the
+    default) writes exactly what the launch of one block a slice writes: output, cache and
+    offset."""
     dtype, d = mx.bfloat16, 128
     mats = [make_linear(k_in, n, (4, 64), dtype) for n in (heads * d, kv_heads * d, kv_heads * d)]
     qkv = Projections(mats, norm=make_norm(k_in, dtype))
@@ -799,11 +812,11 @@ def test_project_attend_head_split_gives_the_same_bits(
         for cache in (mine, theirs):
             cache.reserve(prefix + step + 1)
         x = (2 * mx.random.normal((1, 1, k_in))).astype(dtype)
-        want = one(x, theirs)
-        mx.eval(want, theirs.arrays())
-        with heads_split_in_two(monkeypatch):
-            got = two(x, mine)
-            mx.eval(got, mine.arrays())
+        got = two(x, mine)
+        mx.eval(got, mine.arrays())
+        with heads_in_one_block(monkeypatch):
+            want = one(x, theirs)
+            mx.eval(want, theirs.arrays())
         assert rel_err(got, want) == 0.0, step
         assert_same_caches(mine, theirs, step)
 

@@ -10,6 +10,7 @@ cache: fixed capacity, offset on the device) and hands everything else to the co
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -45,13 +46,19 @@ def _plain_norm(norm: RmsNorm | None, dims: int) -> bool:
 
 
 def attention_spec(decl: AttentionStep, dtype: mx.Dtype, capacity: int) -> AttentionStepSpec:
-    return AttentionStepSpec(
+    """The launch geometry of `decl`: a slice's query heads split over two blocks (head_split
+    2) wherever that fits (an even group), else one block a slice. The same bits either way
+    (tests); on the H200 the split made Qwen3-30B-A3B's decode step 11-12 % shorter (2026-12-05,
+    scripts/h200_ab.py: fewer registers, more blocks to hide the attention's latency)."""
+    spec = AttentionStepSpec(
         dtype=dtype, n_heads=decl.n_heads, n_kv_heads=decl.n_kv_heads, head_dim=decl.head_dim,
         capacity=capacity, scale=decl.scale,
         q_eps=None if decl.q_norm is None else decl.q_norm.eps,
         k_eps=None if decl.k_norm is None else decl.k_norm.eps,
         traditional=decl.rope.traditional if decl.rope is not None else False,
     )
+    split = replace(spec, head_split=2)
+    return split if spec_fits(split) else spec
 
 
 def attention_applies(decl: AttentionStep) -> bool:

@@ -823,7 +823,7 @@ def route_experts_scratch(route: RouteSpec, up: ExpertsSpec, down: ExpertsSpec
 @cache
 def route_experts_launcher(
     project: QmvSpec, route: RouteSpec, router: QmvSpec, up: ExpertsSpec, down: ExpertsSpec,
-    lead: tuple[int, ...] = (), local_route: bool = False,
+    lead: tuple[int, ...] = (), local_route: bool = True,
 ) -> Callable[..., mx.array]:
     """(a [*lead, in], the projection's weights..., residual [*lead, out], the router's
     weights..., the norm weight [out], gate/up weights..., down weights..., counters [6] int32
@@ -835,10 +835,11 @@ def route_experts_launcher(
     (their first weights) and then the gate/up blocks, and add h back. Each phase is the same
     device call as in project_route_launcher / chain_launcher, so the result is theirs, bit
     for bit. A block waits only on lower tickets. The last down block zeroes the counters.
-    `local_route` (not bound by default; scripts/h200_ab.py measures it): no router block
-    routes; each gate/up and down block waits for all the router blocks (counters[3]) and
-    routes the logits itself into its shared memory (the same device call, so the same ids and
-    weights), one grid-wide publish and wait fewer on the way to the experts."""
+    `local_route` (the default since 2026-12-05: Qwen3-30B-A3B's decode step 6 % shorter on
+    the H200, scripts/h200_ab.py): no router block routes; each gate/up and down block waits
+    for all the router blocks (counters[3]) and routes the logits itself into its shared memory
+    (the same device call, so the same ids and weights), one grid-wide publish and wait fewer
+    on the way to the experts. False: the last router block routes (the tests' reference)."""
     chained = chained_router(router, route.n_experts, WARPS)
     na, nb = blocks_of(project), blocks_of(chained)
     nc, nd = experts_blocks(up), experts_blocks(down)
