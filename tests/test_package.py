@@ -61,6 +61,36 @@ def test_importing_mlx_first_warns_about_the_reference_blas() -> None:
     )
 
 
+STOP_PROBE = """
+import ctypes, os
+import mlx_omnia.engine
+from mlx_omnia.engine import blas
+import mlx.core as mx
+a = mx.random.normal((512, 512))
+mx.eval(a @ a)
+lib = ctypes.CDLL(blas.loaded)
+before = len(os.listdir("/proc/self/task"))
+blas.stop_threads(lib)
+print(lib.openblas_get_num_threads(), before, len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the BLAS preload is Linux-only")
+def test_openblas_workers_stop_before_its_destructor_can_hang() -> None:
+    """OpenBLAS 0.3.21's exit-time join can wait forever on a worker that lost its wake-up
+    (`python -m mlx_omnia` hung ~1 run in 10): the engine stops the workers itself at exit
+    (`blas.stop_threads`, registered by the preload). After it, the process has one thread
+    fewer per worker, and it exits."""
+    import ctypes.util
+
+    if ctypes.util.find_library("openblas") is None:
+        pytest.fail("no OpenBLAS on this machine (apt-get install libopenblas0-pthread)")
+    out = subprocess.run([sys.executable, "-c", STOP_PROBE], capture_output=True, text=True,
+                         check=True, timeout=120)
+    workers, before, after = (int(v) for v in out.stdout.split())
+    assert before - after == workers - 1, out.stdout
+
+
 JEMALLOC_PROBE = (
     "import os, sys\n"
     "print('start', os.getpid(), flush=True)\n"

@@ -222,13 +222,16 @@ def test_full_prompt_logits_match(smollm2: Model, hf_model: Any) -> None:
 
 
 def test_quick_start_command() -> None:
-    """The README's first command: streams the answer to stdout."""
-    done = subprocess.run(
-        [sys.executable, "-m", "mlx_omnia", "What is the capital of France?"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "Paris" in done.stdout
+    """The README's first command: streams the answer to stdout and exits, every time (it
+    exits just after its last matmul, where OpenBLAS 0.3.21's exit-time join hung about one
+    run in ten before the engine stopped the workers itself: six runs)."""
+    for run in range(6):
+        done = subprocess.run(
+            [sys.executable, "-m", "mlx_omnia", "What is the capital of France?"],
+            capture_output=True,
+            text=True,
+            timeout=180 if run == 0 else 60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "Paris" in done.stdout

@@ -8,6 +8,7 @@ This module must not import MLX."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import os
@@ -33,12 +34,42 @@ def preload() -> str | None:
         if not name:
             continue
         try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            lib = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
         except OSError:
             continue
         loaded = name
+        atexit.register(stop_threads, lib)
         return loaded
     return None
+
+
+# cblas_sgemm(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+_SGEMM_ARGS = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                    ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+                                    ctypes.c_void_p, ctypes.c_int]
+
+
+def stop_threads(lib: ctypes.CDLL) -> None:
+    """Stop OpenBLAS's worker threads at interpreter exit, while it is safe to.
+
+    OpenBLAS 0.3.21 (Debian 12's) can hang at process exit: its destructor joins the worker
+    threads after posting a wake-up, but a worker that found no work ~2^28 cycles after its last
+    job checks the queue outside the lock, then marks itself asleep and waits; a wake-up posted
+    in between is lost and the join waits forever. `python -m mlx_omnia` exits just after its
+    last matmul and hung about one run in ten (2026-12-05). Here, one multithreaded product
+    makes every worker take a job (so each restarts its spin, far from going to sleep), then
+    the shutdown runs at once; the destructor later finds the threads gone."""
+    try:
+        sgemm, shutdown = lib.cblas_sgemm, lib.blas_thread_shutdown_
+    except AttributeError:  # not an OpenBLAS with a thread server: nothing to stop
+        return
+    n = 256
+    a = (ctypes.c_float * (n * n))()
+    c = (ctypes.c_float * (n * n))()
+    sgemm.argtypes, sgemm.restype = _SGEMM_ARGS, None
+    shutdown.argtypes, shutdown.restype = [], ctypes.c_int
+    sgemm(101, 111, 111, n, n, n, 1.0, a, n, a, n, 0.0, c, n)  # row-major, no transposes
+    shutdown()
 
 
 def late_warning() -> str | None:
