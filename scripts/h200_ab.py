@@ -207,11 +207,19 @@ def router_routes() -> AbstractContextManager[Any]:
                    partial(moe_cuda.route_experts_launcher, local_route=False))
 
 
+def down_two_rows() -> AbstractContextManager[Any]:
+    """RouteExperts' down phase at two output rows a warp: half the down blocks (Qwen3-30B-A3B:
+    128 instead of 256), all resident beside the gate/up blocks; the same sums a row."""
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+
+    return patched(moe_cuda, "ROUTE_EXPERTS_DOWN_ROWS", 2)
+
+
 VARIANTS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "heads_in_one_block": heads_in_one_block, "router_routes": router_routes,
     "no_down_l2": no_down_l2, "qkv_prefetch_all": qkv_prefetch_all,
     "project_prefetch_all": project_prefetch_all, "wait_no_fence": wait_no_fence,
-    "poll_32ns": poll_32ns, "norm_once": norm_once}
+    "poll_32ns": poll_32ns, "norm_once": norm_once, "down_two_rows": down_two_rows}
 
 
 @contextmanager

@@ -715,6 +715,48 @@ def test_route_experts_routed_by_every_expert_block_gives_the_same_bits(
         assert rel_err(got, want) == 0.0, step
 
 
+@pytest.mark.parametrize("local_route", [True, False])
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64)], ids=str)
+def test_route_experts_down_two_rows_a_warp_gives_the_same_bits(
+    fmt: tuple[int | None, int | None], local_route: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RouteExperts' down phase at two output rows a warp (`expert_down_rows`, half the down
+    blocks: ROUTE_EXPERTS_DOWN_ROWS 2) writes exactly what one row a warp writes."""
+    from functools import partial
+
+    from mlx_omnia.engine.core.kernels import moe
+    from mlx_omnia.engine.core.kernels.moe import cuda as moe_cuda
+    from mlx_omnia.engine.core.moe import RouteExperts
+
+    monkeypatch.delenv("OMNIA_ROUTE_EXPERTS", raising=False)
+    k_in, width, n, k, hidden = 4096, 2048, 128, 8, 768
+    dtype = mx.bfloat16
+    if fmt[0] is None:
+        n = 16
+    post = make_norm(width, dtype)
+    o_proj, gate = make_linear(k_in, width, fmt, dtype), make_linear(width, n, fmt, dtype)
+    route = Route(n, k, normalize=True, router=Projections([gate], norm=post))
+    gate_up = GateUp(n, width, hidden, norm=post)
+    experts = DownCombine(n, hidden, width, gate_up=gate_up)
+    make_experts(gate_up, fmt, dtype)
+    make_experts(experts, fmt, dtype)
+    decl = RouteExperts(ProjectRoute(o_proj, route), experts)
+    assert decl.bind() == "route_experts_cuda"
+    plain = moe_cuda.route_experts_launcher
+    monkeypatch.setattr(moe, "route_experts_launcher", partial(plain, local_route=local_route))
+    for step in range(3):
+        a = mx.random.normal((1, 1, k_in)).astype(dtype)
+        x = (2 * mx.random.normal((1, 1, width))).astype(dtype)
+        outs = []
+        for rows in (2, 1):
+            monkeypatch.setattr(moe_cuda, "ROUTE_EXPERTS_DOWN_ROWS", rows)
+            plain.cache_clear()
+            outs.append(decl(a, x))
+            mx.eval(outs[-1])
+        assert rel_err(outs[0], outs[1]) == 0.0, step
+    plain.cache_clear()
+
+
 # K 8192 with 8 query heads a kv head fits one block only with the heads split over two blocks
 # (half the attention's shared memory); 8-bit q/k/v stage more and do not fit there
 PROJECT_ATTEND_SHAPES = [

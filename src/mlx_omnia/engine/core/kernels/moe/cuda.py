@@ -355,6 +355,118 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
   }
 }
 
+// expert_down at ROWS adjacent output rows a warp (RouteExperts' down phase, EXT and HERE):
+// each row's sums are expert_down's, in its order; the first 2 chunks of every row are
+// requested before the wait. ROWS 2 halves the down blocks, so they are resident beside the
+// gate/up blocks (ROUTE_EXPERTS_DOWN_ROWS; scripts/h200_ab.py `down_two_rows` measures it).
+template <typename T, int BITS, int GROUP, int K, int OUT, int TOPK, int LPE, int NWARPS,
+          bool RESID, bool CG, bool HERE, bool EXT, bool IDS_SHARED, int ROWS>
+__device__ __forceinline__ void expert_down_rows(const T* h, const unsigned int* ids,
+                                                 const T* wts, const void* w, const T* s,
+                                                 const T* b, const T* res, T* y, int block,
+                                                 const int* wait, int wait_for,
+                                                 const int* wait_ids, int ids_for, char* ext) {
+  using Row = QmvRow<T, BITS, GROUP, K>;
+  constexpr int VPC = Row::VPC, CHUNKS = Row::CHUNKS;
+  constexpr int NT = NWARPS * 32;
+  using Staging = StagingBytes<T, BITS == 0 ? 4 : TOPK * K, BITS == 0 ? 1 : TOPK * CHUNKS,
+                               BITS == 0 ? TOPK * K : 8>;
+  static_assert(EXT && HERE, "RouteExperts' down phase stages in the launch's buffer");
+  float* xq;
+  float2* xsum;
+  T* xs;
+  Staging::carve(ext, xq, xsum, xs);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r0 = (block * NWARPS + warp) * ROWS;  // the warp's rows: r0 .. r0 + ROWS - 1
+  const int j = lane / LPE, sl = lane % LPE;
+  bool mine[ROWS];
+  wait_published(wait_ids, ids_for);
+  int row[ROWS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    mine[i] = j < TOPK && r0 + i < OUT;
+    if constexpr (HERE && !IDS_SHARED) {
+      row[i] = mine[i] ? (int)__ldcg(ids + j) * OUT + r0 + i : 0;
+    } else {
+      row[i] = mine[i] ? (int)ids[j] * OUT + r0 + i : 0;
+    }
+  }
+  // The lane's first PF chunks of each row are requested before the block waits for the
+  // gate/up blocks and stages its k inputs.
+  constexpr int PER_LANE = (CHUNKS + LPE - 1) / LPE;
+  constexpr int PF = PER_LANE < 2 ? PER_LANE : 2;
+  typename Row::Load pre[PF][ROWS];
+#pragma unroll
+  for (int f = 0; f < PF; ++f) {
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      pre[f][i] = Row::load(w, s, b, row[i], min(sl + f * LPE, CHUNKS - 1));
+    }
+  }
+  wait_published(wait, wait_for);
+  stage_rows<T, BITS, K, TOPK, false, NWARPS, CG>(h, xq, xsum, xs, tid, NT);
+  __syncthreads();
+  float acc[ROWS];
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) acc[i] = 0.f;
+  // ROWS rows share each staged input chunk; every row's sums keep the order of one row alone
+  // (rows past OUT read row 0 and write nothing).
+  if (j < TOPK) {
+    // Expert j's ROWS rows over chunk c of its input row.
+    auto dots = [&](int c, const typename Row::Load* l, float* d) {
+      if constexpr (BITS == 0) {
+        float xf[VPC];
+        dense_chunk<T, K>(xs, j, c, xf);
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) d[i] = Row::dot(l[i], xf, make_float2(0.f, 1.f));
+      } else {
+        Row::template dot_staged<ROWS>(l, xq + (size_t)j * K, c, xsum[j * CHUNKS + c], d);
+      }
+    };
+#pragma unroll
+    for (int f = 0; f < PF; ++f) {
+      if (sl + f * LPE < CHUNKS) {
+        float d[ROWS];
+        dots(sl + f * LPE, pre[f], d);
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) acc[i] += d[i];
+      }
+    }
+#pragma unroll 2
+    for (int c = sl + PF * LPE; c < CHUNKS; c += LPE) {
+      typename Row::Load l[ROWS];
+#pragma unroll
+      for (int i = 0; i < ROWS; ++i) l[i] = Row::load(w, s, b, row[i], c);
+      float d[ROWS];
+      dots(c, l, d);
+#pragma unroll
+      for (int i = 0; i < ROWS; ++i) acc[i] += d[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+    float a = acc[i];
+#pragma unroll
+    for (int o = LPE / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o);
+    float p;
+    if constexpr (HERE && !IDS_SHARED) {
+      p = mine[i] && sl == 0 ? rnd<T>(rnd<T>(a) * to_f<T>(__ldcg(wts + j))) : 0.f;
+    } else {
+      p = mine[i] && sl == 0 ? rnd<T>(rnd<T>(a) * to_f<T>(wts[j])) : 0.f;
+    }
+    p = warp_sum(p);
+    const int r = r0 + i;
+    if (lane == 0 && r < OUT) {
+      float v = rnd<T>(p);
+      if constexpr (RESID) {
+        if constexpr (HERE) v = rnd<T>(to_f<T>(__ldcg(res + r)) + v);
+        else v = rnd<T>(to_f<T>(res[r]) + v);
+      }
+      y[r] = from_f<T>(v);
+    }
+  }
+}
+
 }  // namespace omnia
 """
 
@@ -540,17 +652,24 @@ def experts_input_names(spec: ExpertsSpec) -> tuple[str, ...]:
     return ("h", "ids", "wts", *mats, *(("res",) if spec.residual else ()))
 
 
-def experts_blocks(spec: ExpertsSpec) -> int:
-    """Blocks of spec's own launch (WARPS warps each)."""
+def experts_blocks(spec: ExpertsSpec, rows: int = 1) -> int:
+    """Blocks of spec's own launch (WARPS warps each; down: `rows` output rows a warp)."""
     if spec.gate_up:
         return -(-(spec.top_k * spec.rows) // (WARPS * 32 // spec.lanes))
-    return -(-spec.rows // WARPS)
+    return -(-spec.rows // (WARPS * rows))
+
+
+# Output rows a warp of RouteExperts' down phase. 1: its 256 down blocks (Qwen3-30B-A3B) do not
+# fit beside the gate/up blocks (4 blocks an SM), and the last start only as gate/up blocks
+# end; 2 halves them (the same sums; scripts/h200_ab.py `down_two_rows` measures it).
+ROUTE_EXPERTS_DOWN_ROWS = 1
 
 
 def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool = False,
                  names: Mapping[str, str] | None = None, wait: str | None = None,
                  here: bool = False, wait_ids: str | None = None, ext: str | None = None,
-                 down: ExpertsSpec | None = None, ids_shared: bool = False) -> str:
+                 down: ExpertsSpec | None = None, ids_shared: bool = False,
+                 rows: int = 1) -> str:
     """The expert_gate_up / expert_down call. `block`: this block's index among the kernel's
     blocks; `coherent`: the input (x or h; gate/up: the ids too) is written by other blocks of
     the same launch, and `wait` ("count, n": chain_wait) says when it is there; `here` (down):
@@ -559,8 +678,9 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
     (experts_staging_bytes); `down` (gate/up in a chained launch): the down call that follows,
     whose weights (the launch's w2, s2, b2) the gate/up blocks request into L2 (DownL2);
     `ids_shared`: the ids (down: and the routing weights) are in the block's shared memory,
-    routed by the block itself (a gate/up call then names its `down`); `names`: the launch's
-    variable for an input or output (experts_input_names, out) where it differs."""
+    routed by the block itself (a gate/up call then names its `down`); `rows` (down, with
+    `here`): output rows a warp (down_blocks); `names`: the launch's variable for an input or
+    output (experts_input_names, out) where it differs."""
     t = CUDA_TYPES[spec.dtype]
     bits, group = spec.bits or 0, spec.group_size or 1
     rename = dict(names or {})
@@ -593,11 +713,15 @@ def experts_call(spec: ExpertsSpec, *, block: str = "blockIdx.x", coherent: bool
     if ids_shared:
         assert here, "shared ids come with `here`"
         flags += ", true"
+    if rows != 1:
+        assert here and ext is not None, "rows a warp come with `here` and `ext`"
+        flags += ("" if ids_shared else ", false") + f", {rows}"
     if more:
         tail = f", {wait or NO_WAIT}, {wait_ids or NO_WAIT}, {ext or 'nullptr'}"
     else:
         tail = f", {wait}" if wait else ""
-    return (f"omnia::expert_down<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
+    call = "expert_down" if rows == 1 else "expert_down_rows"
+    return (f"omnia::{call}<{t}, {bits}, {group}, {spec.k}, {spec.rows}, {spec.top_k}, "
             f"{spec.lanes}, {WARPS}, {flag(spec.residual)}, {flag(coherent)}{flags}>({n('h')}, "
             f"{n('ids')}, {n('wts')}, {margs}, {n('res') if spec.residual else 'nullptr'}, "
             f"{n('out')}, {block}{tail});\n")
@@ -842,7 +966,7 @@ def route_experts_launcher(
     on the way to the experts. False: the last router block routes (the tests' reference)."""
     chained = chained_router(router, route.n_experts, WARPS)
     na, nb = blocks_of(project), blocks_of(chained)
-    nc, nd = experts_blocks(up), experts_blocks(down)
+    nc, nd = experts_blocks(up), experts_blocks(down, ROUTE_EXPERTS_DOWN_ROWS)
     quant = project.bits is not None
     r_quant, e_quant = router.bits is not None, up.bits is not None
     names = ("a", "pw", *(("ps", "pb") if quant else ()), "res", "rw",
@@ -889,7 +1013,7 @@ def route_experts_launcher(
         + experts_call(down, block=f"t - {na + nb + nc}", coherent=True, here=True,
                        wait=f"count + 5, {nc}", wait_ids=ids_wait,
                        names={"h": "mid", "w": "w2", "s": "s2", "b": "b2", "res": "h", **routed},
-                       ext="ext", ids_shared=local_route)
+                       ext="ext", ids_shared=local_route, rows=ROUTE_EXPERTS_DOWN_ROWS)
     )
     source = (
         f"__shared__ __align__(16) char ext[{ext}];\n"
@@ -924,7 +1048,9 @@ def route_experts_launcher(
     digest = hashlib.sha1(full.encode()).hexdigest()[:16]
     kernel = cuda_kernel(
         f"omnia_route_experts__{route.name()}__{down.name()[len('omnia_experts_'):]}_{digest}"
-        + ("_lr" if local_route else ""), names, ("out",), source, MOE_HEADER)
+        + ("_lr" if local_route else "")
+        + (f"_r{ROUTE_EXPERTS_DOWN_ROWS}" if ROUTE_EXPERTS_DOWN_ROWS != 1 else ""),
+        names, ("out",), source, MOE_HEADER)
     shapes = [(*lead, down.rows)]
     grid, threads = ((na + nb + nc + nd) * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
     own = own_scratch(route_experts_scratch(route, up, down)[-1])
