@@ -10,7 +10,9 @@ the test once the environment is restored. Nothing here reaches beyond 127.0.0.1
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from fnmatch import fnmatch
@@ -23,6 +25,7 @@ import pytest
 import mlx_omnia
 from mlx_omnia import CheckpointError, DownloadError, GenerationOptions, ModelNotFoundError
 from mlx_omnia.engine.loading.hub import ALLOW_PATTERNS, download
+from mlx_omnia.engine.loading.weights import INDEX
 from tests.fixtures.tiny import write_tiny_llama
 from tests.hub_server import HubServer, iter_snapshot_files
 
@@ -32,6 +35,7 @@ UNNEEDED = {
     "tiny-llama.Q4_0.gguf": b"GGUF" + os.urandom(1 << 16),
     "README.md": b"# tiny llama\n",
     "onnx/model.onnx": os.urandom(1 << 12),
+    "original/model.safetensors": os.urandom(1 << 12),  # loading reads only the top level
 }
 GREEDY = GenerationOptions(max_tokens=4, temperature=0.0)
 
@@ -103,11 +107,17 @@ def no_retry_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def needed_files(directory: Path) -> set[str]:
-    return {
+    """What loading `directory` as a repo reads: top-level files only; with an index, the
+    shards it names rather than every *.safetensors."""
+    names = {
         name
         for name in iter_snapshot_files(directory)
-        if any(fnmatch(name, pattern) for pattern in ALLOW_PATTERNS)
+        if "/" not in name and any(fnmatch(name, pattern) for pattern in ALLOW_PATTERNS)
     }
+    if INDEX in names:
+        shards = set(json.loads((directory / INDEX).read_text())["weight_map"].values())
+        names = {n for n in names if not n.endswith(".safetensors") or n in shards}
+    return names
 
 
 def file_gets(server: HubServer, filename: str) -> int:
@@ -385,3 +395,108 @@ def test_path_like_revisions_never_leave_the_cache(
             mlx_omnia.load(REPO, revision=revision, local_files_only=local_files_only)
     assert len(hf_env.server.requests) == requests
     assert all_paths(tmp_path.parent) == before
+
+
+# (g) sharded checkpoints --------------------------------------------------------------------------
+
+SHARDED = "acme/tiny-sharded"
+
+
+def write_sharded(src: Path, dst: Path) -> Path:
+    """src's checkpoint with its weights in two shards and a model.safetensors.index.json."""
+    from safetensors.numpy import load_file, save_file
+
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    tensors = load_file(src / "model.safetensors")
+    names = sorted(tensors)
+    weight_map: dict[str, str] = {}
+    for i, keys in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({k: tensors[k] for k in keys}, str(dst / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(keys, shard))
+    (dst / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return dst
+
+
+def serve_sharded(env: HfEnv, tiny_llama_dir: Path, tmp_path: Path) -> Path:
+    """SHARDED on the hub: two shards and their index, plus what loading never reads: the same
+    weights consolidated in one top-level file (as Mistral's repos ship them) and in a folder."""
+    sharded = write_sharded(tiny_llama_dir, tmp_path / "sharded")
+    full = (tiny_llama_dir / "model.safetensors").read_bytes()
+    env.server.add_repo(
+        SHARDED,
+        sharded,
+        extra_files={"consolidated.safetensors": full, "original/model.safetensors": full},
+    )
+    return sharded
+
+
+def test_sharded_repo_fetches_only_the_shards_its_index_names(
+    hf_env: HfEnv, tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    sharded = serve_sharded(hf_env, tiny_llama_dir, tmp_path)
+    model = mlx_omnia.load(SHARDED)
+    reference = mlx_omnia.load(str(tiny_llama_dir))
+    assert model.generate("hello", GREEDY).token_ids == reference.generate("hello", GREEDY).token_ids
+
+    needed = needed_files(sharded)
+    assert {INDEX, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} <= needed
+    assert "consolidated.safetensors" not in needed
+    assert set(iter_snapshot_files(Path(model.source))) == needed
+    assert hf_env.server.requested_files() == needed
+    for name in needed:
+        assert file_gets(hf_env.server, name) == 1
+    # The memory estimate prices the shards once, not the consolidated copy beside them.
+    assert mlx_omnia.estimate_memory(SHARDED) == mlx_omnia.estimate_memory(str(tiny_llama_dir))
+
+    # A second load online asks the hub only which commit main is.
+    before = len(hf_env.server.requests)
+    mlx_omnia.load(SHARDED)
+    new = hf_env.server.requests[before:]
+    assert [(r.method, r.path) for r in new] == [("GET", f"/api/models/{SHARDED}/revision/main")]
+
+
+def test_pull_of_a_sharded_repo_counts_and_fetches_only_what_loading_reads(
+    hf_env: HfEnv, tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    sharded = serve_sharded(hf_env, tiny_llama_dir, tmp_path)
+    events: list[mlx_omnia.PullProgress] = []
+    path = mlx_omnia.pull(SHARDED, progress=events.append)
+    needed = needed_files(sharded)
+    assert set(iter_snapshot_files(path)) == needed
+    assert hf_env.server.requested_files() == needed
+    for name in needed:
+        assert file_gets(hf_env.server, name) == 1
+    total = sum((sharded / name).stat().st_size for name in needed)
+    assert events[-1].state == "done"
+    assert {e.total for e in events} == {total}
+    assert events[-1].done == total
+    assert_generates(mlx_omnia.load(SHARDED, local_files_only=True))
+
+
+@pytest.mark.parametrize(
+    "shard",
+    ["../evil.safetensors", "original/model.safetensors", "/tmp/x.safetensors", "model.bin",
+     ".model.safetensors", "a\\..\\b.safetensors"],
+)
+def test_an_index_naming_files_outside_the_checkpoint_is_refused(
+    hf_env: HfEnv, tiny_llama_dir: Path, tmp_path: Path, shard: str
+) -> None:
+    bad = write_sharded(tiny_llama_dir, tmp_path / "bad")
+    index = json.loads((bad / INDEX).read_text())
+    index["weight_map"][next(iter(index["weight_map"]))] = shard
+    (bad / INDEX).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="beside the index"):
+        mlx_omnia.load(str(bad))
+    with pytest.raises(CheckpointError, match="beside the index"):
+        mlx_omnia.estimate_memory(str(bad))
+    hf_env.server.add_repo("acme/bad-index", bad)
+    with pytest.raises(CheckpointError, match="beside the index"):
+        mlx_omnia.load("acme/bad-index")
+    with pytest.raises(CheckpointError, match="beside the index"):
+        mlx_omnia.pull("acme/bad-index")
+    # Only the configs, tokenizer and index were fetched: no weights.
+    assert not any(n.endswith(".safetensors") for n in hf_env.server.requested_files())

@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from mlx_omnia.engine.errors import CheckpointError, InvalidOptionsError, ModelNotFoundError
 from mlx_omnia.engine.loading.resolve import resolve
+from mlx_omnia.engine.loading.weights import safetensors_files
 
 _DTYPE_NAMES: dict[str, mx.Dtype] = {
     "float32": mx.float32,
@@ -75,10 +76,7 @@ def estimate_memory(
         name = config.get("dtype") or config.get("torch_dtype") or "float32"
         want = mx.float32 if cpu else _DTYPE_NAMES.get(str(name), mx.float32)
     total = 0
-    files = sorted(source.path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{source.path} has no *.safetensors weights")
-    for file in files:
+    for file in safetensors_files(source.path):
         for kind, shape in _safetensors_shapes(file):
             per, floating = _ST_DTYPES.get(kind, (4, True))
             total += int(_count(shape) * (want.size if floating else per))
@@ -309,33 +307,65 @@ def pull(
     """Download what loading `repo_id` needs into the HF cache (files already there are kept),
     calling `progress` as bytes arrive, and return the snapshot directory. Raises the same typed
     errors as `load` of a repo id does."""
-    from mlx_omnia.engine.loading.hub import ALLOW_PATTERNS, check_names, download, hub_error
+    from mlx_omnia.engine.loading.hub import (
+        INDEX,
+        META_PATTERNS,
+        SUBFOLDERS,
+        check_names,
+        download,
+        hub_error,
+        weight_patterns,
+    )
 
     check_names(repo_id, revision)
     report: ProgressCallback = progress or (lambda _p: None)
     # (untyped parameters in huggingface_hub, hence the ignores)
     from huggingface_hub import hf_hub_download, snapshot_download  # pyright: ignore[reportUnknownVariableType]
 
-    try:
-        plan = snapshot_download(
-            repo_id,
-            revision=revision,
-            allow_patterns=ALLOW_PATTERNS,
-            dry_run=True,
-            tqdm_class=_quiet_tqdm(),
-        )
-    except Exception as e:
-        # A dry run wraps why the hub could not be used (missing repo, no network) in DryRunError.
-        cause = e.__cause__ if type(e).__name__ == "DryRunError" else None
-        reason = cause if isinstance(cause, Exception) else e
-        raise hub_error(reason, repo_id, revision, local_files_only=False) from e
+    def dry_run(rev: str | None, patterns: list[str]) -> list[Any]:
+        try:
+            return list(
+                snapshot_download(
+                    repo_id,
+                    revision=rev,
+                    allow_patterns=patterns,
+                    ignore_patterns=SUBFOLDERS,
+                    dry_run=True,
+                    tqdm_class=_quiet_tqdm(),
+                )
+            )
+        except Exception as e:
+            # A dry run wraps why the hub could not be used (missing repo, no network) in
+            # DryRunError.
+            cause = e.__cause__ if type(e).__name__ == "DryRunError" else None
+            reason = cause if isinstance(cause, Exception) else e
+            raise hub_error(reason, repo_id, revision, local_files_only=False) from e
+
+    # The configs, tokenizer and index first; the weights are what the index names (fetched
+    # now, it is small), at the same commit.
+    plan = [p for p in dry_run(revision, META_PATTERNS) if not isinstance(p, str)]
+    fetched: set[str] = set()
+    if plan:
+        commit = plan[0].commit_hash
+        weights = ["*.safetensors"]
+        if any(p.filename == INDEX for p in plan):
+            fetched.add(INDEX)
+            try:
+                index = Path(hf_hub_download(repo_id, filename=INDEX, revision=commit))
+            except Exception as e:
+                raise hub_error(e, repo_id, revision, local_files_only=False) from e
+            weights = weight_patterns(index.parent)
+        plan += dry_run(commit, weights)
     files = [p for p in plan if not isinstance(p, str)]
-    if not files:
+    if not any(p.filename.endswith(".safetensors") for p in files):
         return download(repo_id, revision=revision)
     commit = files[0].commit_hash
     sizes = {f.filename: int(f.file_size or 0) for f in files}
     total = sum(sizes.values())
-    done = {f.filename: sizes[f.filename] if not f.will_download else 0 for f in files}
+    done = {
+        f.filename: sizes[f.filename] if not f.will_download or f.filename in fetched else 0
+        for f in files
+    }
 
     def tell(name: str | None) -> None:
         report(
@@ -375,7 +405,7 @@ def pull(
 
     tell(None)
     for info in files:
-        if not info.will_download:
+        if not info.will_download or info.filename in fetched:
             continue
         name = info.filename
         try:

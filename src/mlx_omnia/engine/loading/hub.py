@@ -10,9 +10,10 @@ import re
 from pathlib import Path
 
 from mlx_omnia.engine.errors import CheckpointError, DownloadError, ModelNotFoundError, OmniaError
+from mlx_omnia.engine.loading.weights import INDEX, index_shards
 
-# Only what loading reads: configs, tokenizer, templates and safetensors weights.
-ALLOW_PATTERNS = [
+# What loading reads besides the weights: configs, tokenizer, templates, the shards' index.
+META_PATTERNS = [
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -20,9 +21,13 @@ ALLOW_PATTERNS = [
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
-    "*.safetensors",
-    "model.safetensors.index.json",
+    INDEX,
 ]
+# Everything loading may read: the weights are the shards the index names, or without an index
+# every top-level *.safetensors (weight_patterns).
+ALLOW_PATTERNS = [*META_PATTERNS, "*.safetensors"]
+# Loading reads only the repo's top level (fnmatch's "*" also matches "/").
+SUBFOLDERS = ["*/*"]
 
 # owner/name as the hub spells repo ids; never a path (no "..", no leading "/", no "\").
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
@@ -75,19 +80,39 @@ def _cache_dir() -> str:
     return str(constants.HF_HUB_CACHE)
 
 
+def weight_patterns(snapshot: Path) -> list[str]:
+    """The weight files to fetch into `snapshot` (which holds the META_PATTERNS files): the
+    shards its index names, else every top-level *.safetensors. A repo that ships both shards
+    and a consolidated file (consolidated.safetensors beside model-0000N-of-0000M) needs only
+    the shards, as loading reads only them."""
+    index = snapshot / INDEX
+    return index_shards(index) if index.is_file() else ["*.safetensors"]
+
+
 def download(repo_id: str, *, revision: str | None = None, local_files_only: bool = False) -> Path:
     """Fetch (or find in the cache) the files of `repo_id` needed to load it and return the
-    snapshot directory (HF_HUB_CACHE/models--owner--name/snapshots/<commit>)."""
+    snapshot directory (HF_HUB_CACHE/models--owner--name/snapshots/<commit>): the configs,
+    tokenizer and index first, then the weights they name, at the same commit."""
     check_names(repo_id, revision)
     # (its user_agent parameter is an untyped dict, hence the ignore)
     from huggingface_hub import snapshot_download  # pyright: ignore[reportUnknownVariableType]
 
     try:
-        path = Path(
+        meta = Path(
             snapshot_download(
                 repo_id,
                 revision=revision,
-                allow_patterns=ALLOW_PATTERNS,
+                allow_patterns=META_PATTERNS,
+                ignore_patterns=SUBFOLDERS,
+                local_files_only=local_files_only,
+            )
+        )
+        path = Path(
+            snapshot_download(
+                repo_id,
+                revision=meta.name,
+                allow_patterns=weight_patterns(meta),
+                ignore_patterns=SUBFOLDERS,
                 local_files_only=local_files_only,
             )
         )

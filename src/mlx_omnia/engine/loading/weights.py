@@ -62,14 +62,33 @@ def _check_safetensors(path: Path) -> None:
         ) from e
 
 
+INDEX = "model.safetensors.index.json"
+
+
+def index_shards(index: Path) -> list[str]:
+    """The shard file names a safetensors index maps its tensors to, each a plain file name
+    beside the index (the index is untrusted: no folders, no way out of the checkpoint)."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has no weight_map")
+    names = sorted({str(v) for v in cast(dict[str, Any], weight_map).values()})
+    bad = [
+        n for n in names
+        if not n.endswith(".safetensors") or n.startswith(".") or "/" in n or "\\" in n
+    ]
+    if bad or not names:
+        raise CheckpointError(
+            f"{index} maps tensors to {', '.join(map(repr, bad)) or 'no file'}: each shard must "
+            "be a .safetensors file beside the index"
+        )
+    return names
+
+
 def safetensors_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
+    """The checkpoint's weight files: the shards its index names, else every *.safetensors."""
+    index = path / INDEX
     if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no weight_map")
-        names = sorted({str(v) for v in cast(dict[str, Any], weight_map).values()})
-        files = [path / n for n in names]
+        files = [path / n for n in index_shards(index)]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise CheckpointError(
