@@ -392,3 +392,26 @@ def test_all_errors_share_a_base() -> None:
         UnsupportedModelError,
     ):
         assert issubclass(error, OmniaError)
+
+
+def test_continuing_a_final_message_the_template_rewrites(ckpt: Path) -> None:
+    model = _with_template(
+        ckpt, "{% for m in messages %}<{{ m.role }}>{{ m.content | upper }}{% endfor %}"
+    )
+    prefill = Chat(({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well"}),
+                   continue_final=True)
+    with pytest.raises(ChatTemplateError, match=r"does not echo the final assistant message"):
+        model.encode(prefill)
+    # Trimmed by the template (as Llama 3's trims every message): continued after its stripped text.
+    model = _with_template(ckpt, "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}|{% endfor %}")
+    padded = Chat(({"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Well "}),
+                  continue_final=True)
+    assert model.tokenizer.decode(model.encode(padded)) == "<user>Hi|<assistant>Well"
+
+
+def test_only_a_final_assistant_message_can_be_continued(tiny) -> None:
+    with pytest.raises(ChatTemplateError, match=r"only a final assistant message"):
+        tiny.encode(Chat(HELLO.messages, continue_final=True))
+    # An empty final assistant message is the plain generation prompt after the others.
+    empty = Chat((*HELLO.messages, {"role": "assistant", "content": ""}), continue_final=True)
+    assert tiny.encode(empty) == tiny.encode(HELLO)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
@@ -213,6 +213,49 @@ def test_count_tokens(client: anthropic.Anthropic, smollm2: Any) -> None:
     assert count.input_tokens == len(smollm2.encode(Chat(tuple(messages))))
 
 
+def test_prefill_continues_the_final_assistant_turn(
+    client: anthropic.Anthropic, smollm2: Any
+) -> None:
+    """A final assistant message is a prefill: the answer continues its text and holds only
+    what follows, as Anthropic's API does."""
+    prefill = "The capital of France is"
+    messages: list[ChatMessage] = [user(FRANCE), {"role": "assistant", "content": prefill}]
+    chat = Chat(tuple(messages), continue_final=True)
+    want = smollm2.generate(chat, GenerationOptions(temperature=0, max_tokens=12))
+    assert "Paris" in want.text and not want.text.startswith(prefill)
+    msg = client.messages.create(
+        model=MODEL, max_tokens=12, extra_body=GREEDY, messages=cast(Any, messages)
+    )
+    assert msg.content[0].type == "text" and msg.content[0].text == want.text
+    assert msg.usage.input_tokens == len(smollm2.encode(chat))
+    assert msg.usage.output_tokens == want.usage.completion_tokens
+    with client.messages.stream(
+        model=MODEL, max_tokens=12, extra_body=GREEDY, messages=cast(Any, messages)
+    ) as stream:
+        assert "".join(stream.text_stream) == want.text
+    counted = client.messages.count_tokens(model=MODEL, messages=cast(Any, messages))
+    assert counted.input_tokens == len(smollm2.encode(chat))
+    # Content blocks too; an empty final assistant turn is no prefill at all.
+    blocks = client.messages.create(
+        model=MODEL,
+        max_tokens=12,
+        extra_body=GREEDY,
+        messages=[
+            {"role": "user", "content": FRANCE},
+            {"role": "assistant", "content": [{"type": "text", "text": prefill}]},
+        ],
+    )
+    assert blocks.content[0].type == "text" and blocks.content[0].text == want.text
+    empty = client.messages.create(
+        model=MODEL,
+        max_tokens=12,
+        extra_body=GREEDY,
+        messages=[{"role": "user", "content": FRANCE}, {"role": "assistant", "content": ""}],
+    )
+    assert empty.content[0].type == "text"
+    assert empty.content[0].text == greedy(smollm2, [user(FRANCE)], 12).text
+
+
 def test_models_list_and_retrieve(client: anthropic.Anthropic) -> None:
     page = client.models.list()
     assert page.data[0].id == MODEL and page.data[0].type == "model"
@@ -280,10 +323,10 @@ def test_bad_requests(client: anthropic.Anthropic) -> None:
     assert "document" in _bad(client, messages=[{"role": "user", "content": [document]}]).message
     assert "role" in _bad(client, messages=[{"role": "system", "content": "hi"}]).message
     assert (
-        "prefill"
+        "trailing whitespace"
         in _bad(
             client,
-            messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well"}],
+            messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well "}],
         ).message
     )
     assert "messages" in _bad(client, messages=[]).message

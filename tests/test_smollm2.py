@@ -137,6 +137,34 @@ def test_chat_prompt_ids_match(smollm2: Model, hf_tokenizer: Any, name: str) -> 
     assert smollm2.tokenizer.decode(ours, skip_special_tokens=False) == rendered
 
 
+PREFILLS = {
+    "capital": "The capital of France is",
+    "multi-turn": "Your name is Ada, and 12 + 30",
+    "unicode": "Bonjour ! En japonais : おは",
+}
+
+
+@pytest.mark.parametrize("name", list(PREFILLS))
+def test_continued_final_message_ids_match(smollm2: Model, hf_tokenizer: Any, name: str) -> None:
+    """A prefill (Chat.continue_final) renders as transformers' continue_final_message does,
+    and the greedy answer goes on from its text."""
+    chat = (*CHATS[name], cast(ChatMessage, {"role": "assistant", "content": PREFILLS[name]}))
+    ours = smollm2.encode(Chat(chat, continue_final=True))
+    theirs = hf_tokenizer.apply_chat_template(
+        _messages(chat), continue_final_message=True, tokenize=True
+    )
+    if isinstance(theirs, Mapping):
+        theirs = cast(Mapping[str, Any], theirs)["input_ids"]
+    assert ours == [int(i) for i in theirs]
+    assert smollm2.tokenizer.decode(ours, skip_special_tokens=False).endswith(PREFILLS[name])
+    options = GenerationOptions(temperature=0, max_tokens=8)
+    text = smollm2.tokenizer.decode(ours, skip_special_tokens=False)
+    assert (
+        smollm2.generate(Chat(chat, continue_final=True), options).text
+        == smollm2.generate(text, options).text
+    )
+
+
 def test_raw_text_encodes_match(smollm2: Model, hf_tokenizer: Any) -> None:
     for text in RAW_TEXTS:
         ours = smollm2.encode(text)

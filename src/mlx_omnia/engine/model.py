@@ -182,7 +182,9 @@ class Model:
     def encode(self, input: Chat | str) -> list[int]:
         """Prompt token ids: a Chat through the chat template, a str as raw text."""
         if isinstance(input, Chat):
-            return self.tokenizer.apply_chat_template(input.messages, tools=input.tools)
+            return self.tokenizer.apply_chat_template(
+                input.messages, tools=input.tools, continue_final=input.continue_final
+            )
         return self.tokenizer.encode(input)
 
     def logits(self, ids: list[int]) -> mx.array:

@@ -28,10 +28,15 @@ class ChatMessage(TypedDict):
 
 @dataclass(frozen=True)
 class Chat:
-    """A conversation, rendered through the checkpoint's chat template with the generation prompt."""
+    """A conversation, rendered through the checkpoint's chat template with the generation prompt.
+
+    `continue_final`: the last message is an assistant turn to continue (a prefill, as
+    Anthropic's API takes one): the prompt ends with its text instead of a new assistant turn,
+    and the answer is what follows it. The template must echo that text as given."""
 
     messages: tuple[ChatMessage, ...]
     tools: tuple[Mapping[str, Any], ...] = ()
+    continue_final: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

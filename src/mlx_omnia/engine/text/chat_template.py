@@ -75,6 +75,30 @@ class ChatTemplate:
         self.source = source
         self.special_tokens = dict(special_tokens)
 
+    def render_continued(
+        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = ()
+    ) -> str:
+        """The conversation rendered up to the end of its last message's text, an assistant
+        turn the model continues (what transformers' continue_final_message renders): the
+        whole chat without a generation prompt, cut after the last place that text appears.
+        An empty final message is a plain generation prompt after the others."""
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ChatTemplateError("only a final assistant message can be continued")
+        final = str(_text_content(messages[-1]).get("content") or "")
+        if not final:
+            return self.render(messages[:-1], tools=tools)
+        text = self.render(messages, tools=tools, add_generation_prompt=False)
+        at = text.rfind(final)
+        if at < 0:  # templates that trim each message (Llama 3's) echo it stripped
+            final = final.strip()
+            at = text.rfind(final) if final else -1
+        if at < 0:
+            raise ChatTemplateError(
+                "the chat template does not echo the final assistant message as given (it "
+                "rewrites it), so that message cannot be continued"
+            )
+        return text[: at + len(final)]
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],

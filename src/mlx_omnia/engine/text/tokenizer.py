@@ -114,16 +114,22 @@ class Tokenizer:
         *,
         tools: Sequence[Mapping[str, Any]] = (),
         add_generation_prompt: bool = True,
+        continue_final: bool = False,
     ) -> list[int]:
-        """Render the chat and tokenize it without adding special tokens (the template has them)."""
+        """Render the chat and tokenize it without adding special tokens (the template has them).
+        `continue_final`: the prompt ends with the final assistant message's text, which the
+        answer continues (ChatTemplate.render_continued)."""
         if self.chat_template is None:
             raise ChatTemplateError(
                 "this checkpoint's tokenizer has no chat template; pass a plain string prompt, "
                 "or add chat_template.jinja to the checkpoint directory"
             )
-        text = self.chat_template.render(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt
-        )
+        if continue_final:
+            text = self.chat_template.render_continued(messages, tools=tools)
+        else:
+            text = self.chat_template.render(
+                messages, tools=tools, add_generation_prompt=add_generation_prompt
+            )
         return self.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:

@@ -131,12 +131,15 @@ def chat_of(body: CountTokensRequest) -> Chat:
             )
         content = _text_blocks(m["content"], f"messages.{i}.content")
         out.append({"role": role, "content": content})  # pyright: ignore[reportArgumentType]
-    if body.messages[-1].get("role") == "assistant":
+    # A final assistant turn is a prefill: the answer continues its text (and holds only what
+    # follows it). As Anthropic's API, its text may not end with whitespace.
+    prefill = body.messages[-1].get("role") == "assistant"
+    final = _text_blocks(body.messages[-1]["content"], "messages")
+    tail = final if isinstance(final, str) else "".join(b["text"] for b in final[-1:])
+    if prefill and tail != tail.rstrip():
+        at = f"messages.{len(body.messages) - 1}.content"
         raise ApiError(
-            "invalid_request",
-            "messages: a final assistant turn (prefill) is not supported by this server; "
-            "end the conversation with a user turn",
-            "messages",
+            "invalid_request", f"{at}: final assistant content cannot end with trailing whitespace", at
         )
     if body.tools:
         raise ApiError(
@@ -154,7 +157,7 @@ def chat_of(body: CountTokensRequest) -> Chat:
             "thinking: extended thinking is not supported by this model",
             "thinking",
         )
-    return Chat(tuple(out))
+    return Chat(tuple(out), continue_final=prefill)
 
 
 def options_of(body: MessagesRequest) -> GenerationOptions:
