@@ -200,6 +200,48 @@ def _scripted(smollm2: Model, text: str) -> Model:
     )
 
 
+def _metaspace_model(answer: list[str]) -> Model:
+    """A scripted model whose tokenizer is SentencePiece-shaped (Metaspace: a word's leading
+    space is "▁", and decoding drops the space before a text's first word), answering `answer`
+    (tokens) then </s>, with a ChatML-like template."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from mlx_omnia.engine.text.tokenizer import Tokenizer
+
+    words = ["▁The", "▁capital", "▁of", "▁France", "▁is", "▁Paris", ".", "▁Q", ":", "▁A"]
+    vocab = {w: i for i, w in enumerate(["<unk>", "</s>", *words])}
+    hf = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    hf.decoder = decoders.Metaspace()
+    hf.add_special_tokens(["</s>"])
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %} A:{% endif %}"
+    tok = Tokenizer(hf, eos_token="</s>", chat_template=template)
+    return Model(
+        name="metaspace",
+        network=Scripted([vocab[w] for w in answer], len(vocab), vocab["</s>"]),
+        tokenizer=tok,
+        config={"vocab_size": len(vocab)},
+        context_length=64,
+        defaults=GenerationDefaults(),
+        source="",
+    )
+
+
+def test_a_continued_text_keeps_the_space_before_its_next_word() -> None:
+    """A raw prompt or a prefill goes on mid-text: " Paris" after "The capital of France is",
+    not "Paris" (a Metaspace decoder drops a text's leading space, right for an answer that
+    starts a turn)."""
+    model = _metaspace_model(["▁Paris", "."])
+    assert model.generate("The capital of France is").text == " Paris."
+    question = {"role": "user", "content": "Q: The capital of France"}
+    prefill = Chat((question, {"role": "assistant", "content": "The capital is"}), continue_final=True)
+    assert model.generate(prefill).text == " Paris."
+    # A new assistant turn starts its text: no leading space, as decoding the answer alone.
+    assert model.generate(Chat((question,))).text == "Paris."
+    assert "".join(p.text for p in model.stream("The capital of France is")) == " Paris."
+
+
 @pytest.mark.parametrize("text", UNICODE_TEXTS)
 def test_streamed_pieces_are_whole_characters(smollm2: Model, text: str) -> None:
     model = _scripted(smollm2, text)

@@ -38,6 +38,9 @@ from mlx_omnia.engine.types import (
     Usage,
 )
 
+# Prompt tokens a continued text's detokenizer is seeded with (IncrementalDecoder.seed).
+CONTEXT = 8
+
 
 @dataclass(frozen=True)
 class GenerationDefaults:
@@ -228,7 +231,10 @@ class Model:
         sampler = Sampler(self._sampling(options), self._vocab_rows(), prompt)
         if max_tokens == 0:
             return iter([Piece("", (), finish_reason="length", usage=Usage(len(prompt), 0))])
-        return self._pieces(prompt, sampler, max_tokens, options)
+        # A raw prompt or a prefill is continued: its last tokens seed the detokenizer.
+        continued = isinstance(input, str) or input.continue_final
+        context = prompt[-CONTEXT:] if continued else []
+        return self._pieces(prompt, sampler, max_tokens, options, context)
 
     def generate(self, input: Chat | str, options: GenerationOptions | None = None) -> Completion:
         """Generate to the end and return the whole completion."""
@@ -253,11 +259,17 @@ class Model:
 
     # -- internals -------------------------------------------------------------------------
     def _pieces(
-        self, prompt: list[int], sampler: Sampler, max_tokens: int, options: GenerationOptions
+        self,
+        prompt: list[int],
+        sampler: Sampler,
+        max_tokens: int,
+        options: GenerationOptions,
+        context: list[int],
     ) -> Iterator[Piece]:
         net: Network = self.network  # type: ignore[assignment]
         stop_ids = self.tokenizer.eos_token_ids | frozenset(options.stop_token_ids)
         decoder = self.tokenizer.incremental_decoder()
+        decoder.seed(context)
         stops = StopMatcher(options.stop)
         pending: list[int] = []
         count = 0

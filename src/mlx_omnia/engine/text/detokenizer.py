@@ -20,6 +20,15 @@ class IncrementalDecoder:
         self._prefix = 0  # window start
         self._read = 0  # tokens whose text is already emitted
 
+    def seed(self, context: Sequence[int]) -> None:
+        """Tokens the text continues (a raw prompt's or a prefill's last ones), never emitted:
+        the first tokens then decode as they read after that text. A decoder that strips the
+        leading space of a text's first token (SentencePiece's Metaspace) would otherwise drop
+        it from a continuation."""
+        self._ids = list(context)
+        self._prefix = 0
+        self._read = len(self._ids)
+
     def add(self, token: int) -> str:
         self._ids.append(token)
         window = self._ids[self._prefix :]
