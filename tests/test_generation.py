@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlx_omnia import Chat, Completion, GenerationOptions, Model, Piece, load
+from mlx_omnia import Chat, Completion, GenerationOptions, InvalidOptionsError, Model, Piece, load
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.model import GenerationDefaults
 from mlx_omnia.engine.text.detokenizer import REPLACEMENT
@@ -209,7 +209,7 @@ def _metaspace_model(answer: list[str]) -> Model:
 
     from mlx_omnia.engine.text.tokenizer import Tokenizer
 
-    words = ["▁The", "▁capital", "▁of", "▁France", "▁is", "▁Paris", ".", "▁Q", ":", "▁A"]
+    words = ["▁The", "▁capital", "▁of", "▁France", "▁is", "▁Paris", ".", "▁Q", ":", "▁A", "<0xE6>"]
     vocab = {w: i for i, w in enumerate(["<unk>", "</s>", *words])}
     hf = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     hf.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -467,3 +467,63 @@ def test_generation_config_eos_ids_stop(tiny: Model, tmp_path: Path) -> None:
     done = model.generate("Hello", GenerationOptions(max_tokens=8))
     assert done.finish_reason == "stop"
     assert done.token_ids == first[:3]
+
+
+# -- log-probabilities -------------------------------------------------------------------------
+def test_logprobs_are_the_models_whatever_the_sampling(smollm2: Model) -> None:
+    """GenerationOptions.logprobs: each token's log-softmax under the model (not under the
+    temperature or penalties that chose it), with the likeliest alternatives best first."""
+    prompt = "The capital of France is"
+    options = GenerationOptions(
+        temperature=1.5, top_k=5, seed=7, max_tokens=6, presence_penalty=1.0, logprobs=4
+    )
+    done = smollm2.generate(prompt, options)
+    assert [e.token_id for e in done.logprobs] == [
+        t for t in done.token_ids if t not in smollm2.tokenizer.eos_token_ids
+    ]
+    assert b"".join(e.token_bytes for e in done.logprobs).decode() == done.text
+    ids = smollm2.encode(prompt)
+    answer = [e.token_id for e in done.logprobs]
+    logits = smollm2.logits(ids + answer[:-1])[len(ids) - 1 :]
+    rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    for i, entry in enumerate(done.logprobs):
+        assert abs(entry.logprob - rows[i, entry.token_id].item()) < 1e-3
+        assert len(entry.top) == 4
+        best = mx.argsort(-rows[i])[:4].tolist()
+        assert [t.token_id for t in entry.top] == best
+        assert all(abs(t.logprob - rows[i, t.token_id].item()) < 1e-3 for t in entry.top)
+        assert all(t.token_bytes == smollm2.tokenizer.token_bytes(t.token_id) for t in entry.top)
+    # The same seed samples the same tokens with or without logprobs.
+    plain = smollm2.generate(prompt, GenerationOptions(
+        temperature=1.5, top_k=5, seed=7, max_tokens=6, presence_penalty=1.0
+    ))
+    assert plain.token_ids == done.token_ids and plain.logprobs == ()
+    pieces = list(smollm2.stream(prompt, options))
+    assert tuple(e for p in pieces for e in p.logprobs) == done.logprobs
+
+
+@pytest.mark.parametrize("n", [-1, 21])
+def test_logprobs_out_of_range(smollm2: Model, n: int) -> None:
+    with pytest.raises(InvalidOptionsError, match="logprobs must be between 0 and 20"):
+        smollm2.generate("Hi", GenerationOptions(max_tokens=1, logprobs=n))
+
+
+def test_token_bytes_of_each_vocabulary_kind(smollm2: Model) -> None:
+    tok = smollm2.tokenizer
+    ids = tok.encode("ab 日本🙂", add_special_tokens=False)
+    assert b"".join(tok.token_bytes(i) for i in ids) == "ab 日本🙂".encode()
+    assert any(not _whole(tok.token_bytes(i)) for i in ids)  # a character split across tokens
+    eos = min(tok.eos_token_ids)
+    assert tok.token_bytes(eos) == tok.decode([eos], skip_special_tokens=False).encode()
+    meta = _metaspace_model([]).tokenizer
+    assert meta.token_bytes(meta.encode("The Paris", add_special_tokens=False)[1]) == b" Paris"
+    byte = meta.token_to_id("<0xE6>")
+    assert byte is not None and meta.token_bytes(byte) == b"\xe6"  # a byte-fallback piece
+
+
+def _whole(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -217,7 +217,7 @@ def test_completion_stream(client: openai.OpenAI, smollm2: Model) -> None:
     [
         ({"echo": True}, "echo"),
         ({"suffix": "!"}, "suffix"),
-        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 6}, "logprobs"),
         ({"best_of": 2}, "best_of"),
         ({"n": 2}, "n"),
         ({"frobnicate": 1}, "frobnicate"),
@@ -375,7 +375,9 @@ def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
         ({"n": 2}, "n"),
         ({"frobnicate": True}, "frobnicate"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": "yes"}, "logprobs"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
@@ -434,3 +436,98 @@ def test_bad_json_in_openai_shape(server: LiveServer, client: openai.OpenAI) -> 
         model=MODEL, messages=user(QUESTION), max_tokens=2, temperature=0
     )
     assert r2.choices[0].message.content == "The capital"
+
+
+# -- logprobs --------------------------------------------------------------------------------
+def reference_logprobs(model: Model, prompt: list[int], answer: list[int]) -> list[Any]:
+    """Each answer token's log-softmax row, from one forward pass over prompt + answer."""
+    import mlx.core as mx
+
+    logits = model.logits(prompt + answer[:-1])[len(prompt) - 1 :]
+    rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    return [rows[i] for i in range(len(answer))]
+
+
+def test_chat_logprobs_are_the_models(client: openai.OpenAI, smollm2: Model) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), max_tokens=8, temperature=0, logprobs=True,
+        top_logprobs=3,
+    )
+    choice = r.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    content = choice.logprobs.content
+    text = choice.message.content
+    assert text is not None
+    # One entry a generated token (the end token, if any, has none); their bytes are the text.
+    assert b"".join(bytes(e.bytes or []) for e in content) == text.encode()
+    assert "".join(e.token for e in content) == text
+    prompt = smollm2.encode(chat_of(user(QUESTION)))
+    ids = smollm2.generate(chat_of(user(QUESTION)), GenerationOptions(temperature=0, max_tokens=8)).token_ids
+    answer = [t for t in ids if t not in smollm2.tokenizer.eos_token_ids]
+    assert len(content) == len(answer)
+    for entry, token, row in zip(content, answer, reference_logprobs(smollm2, prompt, answer), strict=True):
+        assert abs(entry.logprob - row[token].item()) < 1e-3
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the likeliest
+        assert entry.top_logprobs[0].logprob == entry.logprob
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert abs(values[2] - sorted(row.tolist())[-3]) < 1e-3
+    # Without logprobs, none.
+    plain = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), max_tokens=2, temperature=0
+    )
+    assert plain.choices[0].logprobs is None
+
+
+def test_chat_logprobs_stream_like_the_whole_answer(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), max_tokens=8, temperature=0, logprobs=True,
+        top_logprobs=1,
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=user(QUESTION), max_tokens=8, temperature=0, logprobs=True,
+            top_logprobs=1, stream=True,
+        )
+    )
+    streamed = [
+        e for c in chunks if c.choices and c.choices[0].logprobs is not None
+        for e in (c.choices[0].logprobs.content or [])
+    ]
+    assert whole.choices[0].logprobs is not None
+    assert [(e.token, e.logprob) for e in streamed] == [
+        (e.token, e.logprob) for e in whole.choices[0].logprobs.content or []
+    ]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        whole.choices[0].message.content
+    )
+
+
+def test_completion_logprobs(client: openai.OpenAI, smollm2: Model) -> None:
+    r = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2
+    )
+    choice = r.choices[0]
+    assert choice.logprobs is not None
+    lp = choice.logprobs
+    assert lp.tokens is not None and lp.token_logprobs is not None
+    assert lp.top_logprobs is not None and lp.text_offset is not None
+    assert "".join(lp.tokens) == choice.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    prompt = smollm2.encode(PROMPT)
+    answer = list(smollm2.generate(PROMPT, GenerationOptions(temperature=0, max_tokens=5)).token_ids)
+    for value, top, token, row in zip(
+        lp.token_logprobs, lp.top_logprobs, answer, reference_logprobs(smollm2, prompt, answer),
+        strict=True,
+    ):
+        assert abs(value - row[token].item()) < 1e-3
+        assert len(top) == 2 and max(top.values()) == value
+    streamed = list(
+        client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2, stream=True
+        )
+    )
+    tokens = [t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens or []]
+    offsets = [o for c in streamed if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset or []]
+    assert tokens == lp.tokens and offsets == lp.text_offset

@@ -43,6 +43,8 @@ from mlx_omnia.engine.types import (
     GenerationOptions,
     Piece,
     Signature,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
 
@@ -64,7 +66,9 @@ __all__ = [
     "Piece",
     "PullProgress",
     "Signature",
+    "TokenLogprob",
     "TokenizerError",
+    "TopLogprob",
     "UnsupportedModelError",
     "Usage",
     "cached_models",

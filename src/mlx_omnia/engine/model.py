@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,7 +23,7 @@ from mlx_omnia.engine.generate.loop import (
     generate_tokens,
     prefill,
 )
-from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams
+from mlx_omnia.engine.generate.sampling import SampledLogprobs, Sampler, SamplingParams
 from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
 from mlx_omnia.engine.text.tokenizer import Tokenizer
@@ -35,11 +35,14 @@ from mlx_omnia.engine.types import (
     GenerationOptions,
     Piece,
     Signature,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
 
 # Prompt tokens a continued text's detokenizer is seeded with (IncrementalDecoder.seed).
 CONTEXT = 8
+MAX_TOP_LOGPROBS = 20  # alternatives a token (OpenAI's top_logprobs bound)
 
 
 @dataclass(frozen=True)
@@ -240,14 +243,16 @@ class Model:
         """Generate to the end and return the whole completion."""
         texts: list[str] = []
         ids: list[int] = []
+        probs: list[TokenLogprob] = []
         finish: FinishReason = "length"
         usage = Usage(0, 0)
         for piece in self.stream(input, options):
             texts.append(piece.text)
             ids.extend(piece.token_ids)
+            probs.extend(piece.logprobs)
             if piece.finish_reason is not None and piece.usage is not None:
                 finish, usage = piece.finish_reason, piece.usage
-        return Completion("".join(texts), tuple(ids), finish, usage)
+        return Completion("".join(texts), tuple(ids), finish, usage, tuple(probs))
 
     def save(self, path: str | Path) -> Path:
         """Write this model as an MLX-layout checkpoint directory (config.json with its
@@ -272,12 +277,17 @@ class Model:
         decoder.seed(context)
         stops = StopMatcher(options.stop)
         pending: list[int] = []
+        probs: list[TokenLogprob] = []
         count = 0
         finish: FinishReason = "length"
         tail = ""
         for token in generate_tokens(net, prompt, sampler):
             count += 1
             pending.append(token)
+            if options.logprobs is not None:
+                record = sampler.logprobs.popleft()  # this token's (sampled in order)
+                if token not in stop_ids:
+                    probs.append(self._token_logprob(token, record))
             if token in stop_ids:
                 finish = "stop"
                 tail = _flush_held(decoder, stops) + stops.flush()
@@ -291,11 +301,22 @@ class Model:
                 tail = text + _flush_held(decoder, stops) + stops.flush()
                 break
             if text:
-                yield Piece(text, tuple(pending))
-                pending = []
+                yield Piece(text, tuple(pending), logprobs=tuple(probs))
+                pending, probs = [], []
         yield Piece(
             tail, tuple(pending), finish_reason=finish, usage=Usage(len(prompt), count),
-            stop_sequence=stops.matched,
+            stop_sequence=stops.matched, logprobs=tuple(probs),
+        )
+
+    def _token_logprob(self, token: int, record: SampledLogprobs) -> TokenLogprob:
+        as_bytes = self.tokenizer.token_bytes
+        ids = cast(list[int], record.top_ids.tolist())
+        values = cast(list[float], record.top_logprobs.tolist())
+        return TokenLogprob(
+            token,
+            as_bytes(token),
+            float(record.logprob.item()),  # pyright: ignore[reportArgumentType]  # a scalar
+            tuple(TopLogprob(i, as_bytes(i), v) for i, v in zip(ids, values, strict=True)),
         )
 
     def _context_limit(self, options: GenerationOptions) -> int:
@@ -328,6 +349,10 @@ class Model:
             raise InvalidOptionsError("min_p must be in [0, 1]")
         if rep <= 0:
             raise InvalidOptionsError("repetition_penalty must be > 0")
+        if o.logprobs is not None and not 0 <= o.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidOptionsError(
+                f"logprobs must be between 0 and {MAX_TOP_LOGPROBS} (alternatives a token)"
+            )
         vocab = self._vocab_rows()
         for token_id in o.logit_bias:
             if not 0 <= int(token_id) < vocab:
@@ -342,6 +367,7 @@ class Model:
             frequency_penalty=o.frequency_penalty,
             logit_bias={int(k): float(v) for k, v in o.logit_bias.items()} or None,
             seed=o.seed,
+            logprobs=o.logprobs,
         )
 
 

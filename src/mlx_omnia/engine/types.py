@@ -57,6 +57,10 @@ class GenerationOptions:
     stop_token_ids: Sequence[int] = ()
     seed: int | None = None
     context_limit: int | None = None
+    # None: no log-probabilities; n (0-20): each generated token's log-probability under the
+    # model (log-softmax of its logits, before biases, penalties and temperature) and the n
+    # likeliest tokens' (Piece.logprobs).
+    logprobs: int | None = None
 
 
 FinishReason = Literal["stop", "length"]
@@ -75,6 +79,27 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the likeliest tokens at a step: its id, the bytes it stands for in a text (part
+    of a character, maybe), its log-probability."""
+
+    token_id: int
+    token_bytes: bytes
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model, and the likeliest tokens' at that
+    step (best first)."""
+
+    token_id: int
+    token_bytes: bytes
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class Piece:
     """One streamed piece of output. `text` is always whole UTF-8 characters."""
 
@@ -84,6 +109,8 @@ class Piece:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     stop_sequence: str | None = None  # on the last piece: the stop string that ended it, if any
+    # with GenerationOptions.logprobs: one a token of token_ids, but an end token's
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,6 +121,7 @@ class Completion:
     token_ids: tuple[int, ...]
     finish_reason: FinishReason
     usage: Usage
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 ContentType = Literal["text"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -26,6 +27,17 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
+    logprobs: int | None = None  # each token's log-probability and this many alternatives'
+
+
+@dataclass(frozen=True)
+class SampledLogprobs:
+    """A sampled token's log-probability under the model (log-softmax of the raw logits, before
+    biases, penalties and temperature) and the `n` likeliest tokens', best first (lazy)."""
+
+    logprob: mx.array  # float32 scalar
+    top_ids: mx.array  # int32 [n]
+    top_logprobs: mx.array  # float32 [n]
 
 
 class Sampler:
@@ -51,6 +63,7 @@ class Sampler:
             self._counts = mx.zeros((vocab_size,), mx.float32)
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._key = mx.random.key(seed)
+        self.logprobs: deque[SampledLogprobs] = deque()  # one a call, while params.logprobs
         # One compiled step for the sequence: the setting is baked in, the bias values, the
         # key and the penalty state are its inputs.
         self._step = _compiled_step(
@@ -66,6 +79,10 @@ class Sampler:
             self._seen = tracked.pop(0)
         if self._counts is not None:
             self._counts = tracked.pop(0)
+        if tracked:  # the log-probabilities: queued in step order for the caller to take
+            record = SampledLogprobs(*tracked)
+            mx.async_eval(record.logprob, record.top_ids, record.top_logprobs)  # pyright: ignore[reportUnknownMemberType]
+            self.logprobs.append(record)
         return token
 
 
@@ -74,7 +91,7 @@ def _compiled_step(
     p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool
 ) -> Callable[..., list[mx.array]]:
     """One sampling step as one compiled function, (logits, key, [bias], [seen], [counts]) ->
-    [token, key, [seen], [counts]]: a handful of primitives a token instead of ~20 dispatched
+    [token, key, [seen], [counts], [logprob, top ids, top logprobs]]: a handful of primitives a token instead of ~20 dispatched
     one by one. Shared by every sequence with the same setting, in any thread (the logit bias
     values and the seed are inputs, not constants)."""
     # Evaluated here: a lazy constant would stay bound to this thread's stream, and a step
@@ -85,6 +102,7 @@ def _compiled_step(
     def step(logits: mx.array, key: mx.array, *state: mx.array) -> list[mx.array]:
         rest = list(state)
         x = logits.astype(mx.float32)[:vocab_size]
+        raw = x
         if bias:
             x = x + rest.pop(0)[: x.shape[0]]
         seen_ids = rest.pop(0) if seen else None
@@ -107,6 +125,12 @@ def _compiled_step(
             out.append(seen_ids | hit)
         if counts_v is not None:
             out.append(counts_v + hit)
+        if p.logprobs is not None:
+            lp = raw - mx.logsumexp(raw, axis=-1)
+            n = min(p.logprobs, vocab_size)
+            top = mx.argpartition(-lp, n - 1)[:n] if n else mx.zeros((0,), mx.int32)
+            top = top[mx.argsort(-lp[top])] if n else top
+            out += [lp[token], top.astype(mx.int32), lp[top]]
         return out
 
     return cast(Callable[..., list[mx.array]], mx.compile(step))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -140,6 +142,49 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes `token_id` stands for within a text (a token's text may be part of a
+        character): a byte-level BPE piece through its byte alphabet, a byte-fallback piece
+        <0xNN> as its byte, a SentencePiece piece with "▁" as a space, an added token as its
+        text."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if piece in self._added:
+            return piece.encode()
+        if self._byte_level:
+            alphabet = _byte_alphabet()
+            if all(c in alphabet for c in piece):
+                return bytes(alphabet[c] for c in piece)
+        if m := _BYTE_PIECE.fullmatch(piece):
+            return bytes([int(m.group(1), 16)])
+        return piece.replace("\u2581", " ").encode()
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        """Whether the decoder maps pieces through the byte-level alphabet (GPT-2's)."""
+        return '"ByteLevel"' in json.dumps(json.loads(self._tok.to_str()).get("decoder"))
+
+    @functools.cached_property
+    def _added(self) -> frozenset[str]:
+        return frozenset(t.content for t in self._tok.get_added_tokens_decoder().values())
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@functools.cache
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table), reversed."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars: dict[str, int] = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
 
 
 def _read_json(path: Path) -> dict[str, Any]:

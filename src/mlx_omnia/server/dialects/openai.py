@@ -16,6 +16,7 @@ from mlx_omnia import (
     GenerationOptions,
     OmniaError,
     Piece,
+    TokenLogprob,
 )
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import new_id, now, refuse_unknown, sse
@@ -41,6 +42,9 @@ RESPONSES_HARMLESS = (*HARMLESS, "stream_options", "max_tool_calls", "background
 
 # Legacy completions answer at most this many tokens when max_tokens is not given (as OpenAI's do).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# Alternatives a token: chat's top_logprobs, legacy completions' logprobs (OpenAI's bounds).
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
 
 
 def _refuse_unknown(body: BaseModel, harmless: tuple[str, ...]) -> None:
@@ -125,7 +129,9 @@ def _max_tokens(value: int | None, field: str) -> int | None:
     return value
 
 
-def _sampling_options(body: Sampling, max_tokens: int | None, max_field: str) -> GenerationOptions:
+def _sampling_options(
+    body: Sampling, max_tokens: int | None, max_field: str, logprobs: int | None = None
+) -> GenerationOptions:
     if body.n not in (None, 1):
         raise ApiError("invalid_request", "only n=1 is supported", "n")
     if body.stream_options is not None and not body.stream:
@@ -164,7 +170,49 @@ def _sampling_options(body: Sampling, max_tokens: int | None, max_field: str) ->
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         logit_bias=bias,
+        logprobs=logprobs,
     )
+
+
+def token_text(raw: bytes) -> str:
+    """A token's text for a logprobs entry: its bytes as UTF-8, a byte of a character split
+    across tokens written as \\xNN (the entry's `bytes` has them all)."""
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": token_text(entry.token_bytes),
+        "logprob": entry.logprob,
+        "bytes": list(entry.token_bytes),
+        "top_logprobs": [
+            {"token": token_text(t.token_bytes), "logprob": t.logprob, "bytes": list(t.token_bytes)}
+            for t in entry.top
+        ],
+    }
+
+
+def chat_logprobs(entries: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> dict[str, Any]:
+    """A chat choice's `logprobs`: one entry a generated token (OpenAI's ChoiceLogprobs)."""
+    return {"content": [_chat_logprob(e) for e in entries], "refusal": None}
+
+
+def completion_logprobs(entries: tuple[TokenLogprob, ...], offset: int) -> dict[str, Any]:
+    """A legacy completion choice's `logprobs`; `offset`: characters of the completion's text
+    before these tokens (text_offset counts from the completion's start)."""
+    tokens: list[str] = []
+    offsets: list[int] = []
+    text = b""
+    for e in entries:
+        offsets.append(offset + len(text.decode("utf-8", errors="ignore")))
+        tokens.append(token_text(e.token_bytes))
+        text += e.token_bytes
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{token_text(t.token_bytes): t.logprob for t in e.top} for e in entries],
+        "text_offset": offsets,
+    }
 
 
 def _engine_error(error: OmniaError, input_field: str) -> ApiError:
@@ -289,9 +337,18 @@ def chat_of(messages: list[dict[str, Any]]) -> Chat:
 
 
 def options_of(body: ChatCompletionRequest) -> GenerationOptions:
-    if body.logprobs or body.top_logprobs:
-        field = "logprobs" if body.logprobs else "top_logprobs"
-        raise ApiError("invalid_request", "logprobs are not supported yet", field)
+    if body.top_logprobs is not None:
+        if not body.logprobs:
+            raise ApiError(
+                "invalid_request", "top_logprobs needs logprobs set to true", "top_logprobs"
+            )
+        if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ApiError(
+                "invalid_request",
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
+                "top_logprobs",
+            )
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.tools:
         raise ApiError("invalid_request", "tools are not supported yet", "tools")
     if body.tool_choice not in (None, "none", "auto"):
@@ -305,8 +362,10 @@ def options_of(body: ChatCompletionRequest) -> GenerationOptions:
     if body.modalities is not None and body.modalities != ["text"]:
         raise ApiError("invalid_request", "only the text modality is supported", "modalities")
     if body.max_completion_tokens is not None:
-        return _sampling_options(body, body.max_completion_tokens, "max_completion_tokens")
-    return _sampling_options(body, body.max_tokens, "max_tokens")
+        return _sampling_options(
+            body, body.max_completion_tokens, "max_completion_tokens", logprobs
+        )
+    return _sampling_options(body, body.max_tokens, "max_tokens", logprobs)
 
 
 @router.post("/chat/completions", response_model=None)
@@ -338,7 +397,11 @@ async def chat_completions(
                             "refusal": None,
                         },
                         "finish_reason": last.finish_reason,
-                        "logprobs": None,
+                        "logprobs": (
+                            chat_logprobs([e for p in pieces for e in p.logprobs])
+                            if body.logprobs
+                            else None
+                        ),
                     }
                 ],
                 "usage": _usage(usage.prompt_tokens, usage.completion_tokens),
@@ -347,21 +410,26 @@ async def chat_completions(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     first, stream = await _open(state, job, "messages")
 
-    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def chunk(
+        delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         return {
             "id": cid,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model_id,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "choices": [
+                {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+            ],
         }
 
     async def events() -> AsyncIterator[str]:
         yield sse(chunk({"role": "assistant", "content": ""}, None))
         try:
             async for piece in _pieces(first, stream):
-                if piece.text:
-                    yield sse(chunk({"content": piece.text}, None))
+                if piece.text or piece.logprobs:
+                    probs = chat_logprobs(piece.logprobs) if body.logprobs else None
+                    yield sse(chunk({"content": piece.text}, None, probs))
                 if piece.finish_reason is not None:
                     yield sse(chunk({}, piece.finish_reason))
                     if include_usage and piece.usage is not None:
@@ -410,12 +478,16 @@ def _completion_options(body: CompletionRequest) -> GenerationOptions:
         raise ApiError("invalid_request", "echo=true is not supported", "echo")
     if body.suffix is not None:
         raise ApiError("invalid_request", "suffix is not supported", "suffix")
-    if body.logprobs is not None:
-        raise ApiError("invalid_request", "logprobs are not supported yet", "logprobs")
+    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise ApiError(
+            "invalid_request",
+            f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}",
+            "logprobs",
+        )
     if body.best_of not in (None, 1):
         raise ApiError("invalid_request", "only best_of=1 is supported", "best_of")
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-    return _sampling_options(body, max_tokens, "max_tokens")
+    return _sampling_options(body, max_tokens, "max_tokens", body.logprobs)
 
 
 @router.post("/completions", response_model=None)
@@ -428,30 +500,40 @@ async def completions(
     job = state.job(model_id, _prompt_of(body.prompt), _completion_options(body))
     cid, created = new_id("cmpl-"), now()
 
-    def completion(text: str, finish: str | None) -> dict[str, Any]:
+    def completion(
+        text: str, finish: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         return {
             "id": cid,
             "object": "text_completion",
             "created": created,
             "model": model_id,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            "choices": [
+                {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
+            ],
         }
 
+    wants = body.logprobs is not None
     if not body.stream:
         pieces = await _generate(state, job, "prompt")
         last = pieces[-1]
         assert last.usage is not None
-        out = completion("".join(p.text for p in pieces), last.finish_reason)
+        entries = tuple(e for p in pieces for e in p.logprobs)
+        probs = completion_logprobs(entries, 0) if wants else None
+        out = completion("".join(p.text for p in pieces), last.finish_reason, probs)
         out["usage"] = _usage(last.usage.prompt_tokens, last.usage.completion_tokens)
         return JSONResponse(out)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     first, stream = await _open(state, job, "prompt")
 
     async def events() -> AsyncIterator[str]:
+        sent = 0  # characters of text so far (text_offset)
         try:
             async for piece in _pieces(first, stream):
-                if piece.text:
-                    yield sse(completion(piece.text, None))
+                if piece.text or piece.logprobs:
+                    probs = completion_logprobs(piece.logprobs, sent) if wants else None
+                    yield sse(completion(piece.text, None, probs))
+                    sent += len(piece.text)
                 if piece.finish_reason is not None:
                     yield sse(completion("", piece.finish_reason))
                     if include_usage and piece.usage is not None:
