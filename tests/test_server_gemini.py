@@ -225,7 +225,8 @@ def test_unknown_model_404(client: genai.Client) -> None:
             types.GenerateContentConfig(thinking_config=types.ThinkingConfig(thinking_budget=1024)),
             "thinkingConfig",
         ),
-        (types.GenerateContentConfig(response_logprobs=True), "responseLogprobs"),
+        (types.GenerateContentConfig(logprobs=3), "logprobs"),
+        (types.GenerateContentConfig(response_logprobs=True, logprobs=21), "logprobs"),
         (
             types.GenerateContentConfig(
                 tools=[types.Tool(function_declarations=[types.FunctionDeclaration(name="f")])],
@@ -382,3 +383,41 @@ def test_raw_invalid_json_and_server_survives(server: LiveServer) -> None:
     r = httpx.post(url(server, f"models/{MODEL}:generateContent"), json=[1, 2], timeout=30)
     assert r.status_code == 400
     assert httpx.get(f"{server.url}/admin/health", timeout=10).status_code == 200
+
+
+def test_logprobs_result(client: genai.Client, smollm2: Model) -> None:
+    """responseLogprobs: each chosen token's log-probability under the model and, with
+    logprobs=N, the N likeliest tokens of each step, in generateContent and in its stream."""
+    config = types.GenerateContentConfig(
+        temperature=0, max_output_tokens=8, response_logprobs=True, logprobs=2
+    )
+    r = client.models.generate_content(model=MODEL, contents=QUESTION, config=config)
+    assert r.candidates
+    result = r.candidates[0].logprobs_result
+    assert result is not None and result.chosen_candidates and result.top_candidates
+    want = smollm2.generate(
+        Chat((user(QUESTION),)), GenerationOptions(temperature=0, max_tokens=8, logprobs=2)
+    )
+    assert [c.token_id for c in result.chosen_candidates] == [e.token_id for e in want.logprobs]
+    assert [c.log_probability for c in result.chosen_candidates] == [
+        e.logprob for e in want.logprobs
+    ]
+    assert "".join(c.token or "" for c in result.chosen_candidates) == r.text
+    assert all(len(t.candidates or []) == 2 for t in result.top_candidates)
+    avg = r.candidates[0].avg_logprobs
+    assert avg is not None
+    assert abs(avg - sum(e.logprob for e in want.logprobs) / len(want.logprobs)) < 1e-9
+    chunks = list(client.models.generate_content_stream(model=MODEL, contents=QUESTION, config=config))
+    streamed = [
+        c.token_id
+        for chunk in chunks
+        if chunk.candidates and chunk.candidates[0].logprobs_result
+        for c in chunk.candidates[0].logprobs_result.chosen_candidates or []
+    ]
+    assert streamed == [e.token_id for e in want.logprobs]
+    # Off unless asked.
+    plain = client.models.generate_content(
+        model=MODEL, contents=QUESTION,
+        config=types.GenerateContentConfig(temperature=0, max_output_tokens=2),
+    )
+    assert plain.candidates and plain.candidates[0].logprobs_result is None

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from mlx_omnia import Chat, ChatMessage, GenerationOptions, Model, OmniaError, Piece
+from mlx_omnia import Chat, ChatMessage, GenerationOptions, Model, OmniaError, Piece, TokenLogprob
 from mlx_omnia.server.dialects.common import sse
 from mlx_omnia.server.dialects.errors import error_body, from_engine
 from mlx_omnia.server.errors import ApiError
@@ -41,6 +41,7 @@ MEDIA_PARTS = frozenset(
      "codeExecutionResult", "videoMetadata", "toolCall", "toolResponse"}
 )
 MAX_STOP_SEQUENCES = 5
+MAX_TOP_LOGPROBS = 20  # generationConfig.logprobs
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 
@@ -191,6 +192,7 @@ def options_of(value: object) -> GenerationOptions:
     cfg = _obj(value, where)
     stop: list[str] = []
     kw: dict[str, Any] = {}
+    want_logprobs, top = False, None
     for key, v in cfg.items():
         at = f"{where}.{key}"
         if key == "temperature":
@@ -225,14 +227,27 @@ def options_of(value: object) -> GenerationOptions:
             modes = [_str(m, f"{at}[{i}]").upper() for i, m in enumerate(_list(v, at))]
             if any(m != "TEXT" for m in modes):
                 raise _bad(f"{at}: only the TEXT modality is supported", at)
-        elif key in ("responseLogprobs", "enableEnhancedCivicAnswers", "audioTimestamp"):
+        elif key == "responseLogprobs":
+            if not isinstance(v, bool):
+                raise _bad(f"{at} must be a boolean", at)
+            want_logprobs = v
+        elif key == "logprobs":
+            top = _int(v, at)
+            if not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise _bad(f"{at} must be between 0 and {MAX_TOP_LOGPROBS}", at)
+        elif key in ("enableEnhancedCivicAnswers", "audioTimestamp"):
             if v is not False:
                 raise _bad(f"{at} is not supported by this server", at)
         elif key == "thinkingConfig":
             _thinking_off(v, at)
         elif key not in HARMLESS_CONFIG:
-            # responseSchema, responseJsonSchema, logprobs, speechConfig, imageConfig, ...
+            # responseSchema, responseJsonSchema, speechConfig, imageConfig, ...
             raise _unknown(key, where)
+    if top is not None and not want_logprobs:
+        at = f"{where}.logprobs"
+        raise _bad(f"{at} is only valid when responseLogprobs is true", at)
+    if want_logprobs:
+        kw["logprobs"] = top or 0
     return GenerationOptions(stop=stop, **kw)
 
 
@@ -358,12 +373,34 @@ def _usage(prompt: int, candidates: int) -> dict[str, Any]:
     }
 
 
+def _logprob(token_id: int, token_bytes: bytes, logprob: float) -> dict[str, Any]:
+    text = token_bytes.decode("utf-8", errors="backslashreplace")
+    return {"token": text, "tokenId": token_id, "logProbability": logprob}
+
+
+def logprobs_result(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A candidate's logprobsResult: the chosen token of each step and the likeliest ones."""
+    return {
+        "topCandidates": [
+            {"candidates": [_logprob(t.token_id, t.token_bytes, t.logprob) for t in e.top]}
+            for e in entries
+        ],
+        "chosenCandidates": [_logprob(e.token_id, e.token_bytes, e.logprob) for e in entries],
+        "logProbabilitySum": sum(e.logprob for e in entries),
+    }
+
+
 def _response(
-    text: str, finish: str | None, usage: dict[str, Any] | None, model_id: str, rid: str
+    text: str, finish: str | None, usage: dict[str, Any] | None, model_id: str, rid: str,
+    logprobs: Sequence[TokenLogprob] | None = None,
 ) -> dict[str, Any]:
     candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
     if finish is not None:
         candidate["finishReason"] = FINISH.get(finish, "OTHER")
+    if logprobs is not None:
+        candidate["logprobsResult"] = logprobs_result(logprobs)
+        if logprobs:
+            candidate["avgLogprobs"] = sum(e.logprob for e in logprobs) / len(logprobs)
     out: dict[str, Any] = {"candidates": [candidate]}
     if usage is not None:
         out["usageMetadata"] = usage
@@ -394,9 +431,11 @@ async def model_method(request: Request, rest: str) -> JSONResponse | StreamingR
         last = pieces[-1]
         usage = last.usage
         assert usage is not None
+        wants = parsed.options.logprobs is not None
         return JSONResponse(_response(
             "".join(p.text for p in pieces), last.finish_reason,
             _usage(usage.prompt_tokens, usage.completion_tokens), model_id, rid,
+            [e for p in pieces for e in p.logprobs] if wants else None,
         ))
     alt = request.query_params.get("alt", "json")
     if alt not in ("sse", "json"):
@@ -405,15 +444,16 @@ async def model_method(request: Request, rest: str) -> JSONResponse | StreamingR
     # Start now so that model and option errors answer with a status, not a broken stream.
     first = await _first(stream)
     framing: Literal["sse", "json"] = "sse" if alt == "sse" else "json"
+    wants = parsed.options.logprobs is not None
     return StreamingResponse(
-        _events(stream, first, model_id, rid, framing),
+        _events(stream, first, model_id, rid, framing, wants),
         media_type="text/event-stream" if framing == "sse" else "application/json",
     )
 
 
 async def _events(
     stream: AsyncIterator[Piece], first: Piece | None, model_id: str, rid: str,
-    framing: Literal["sse", "json"],
+    framing: Literal["sse", "json"], logprobs: bool = False,
 ) -> AsyncIterator[str]:
     count = 0
 
@@ -428,12 +468,15 @@ async def _events(
     piece = first
     try:
         while piece is not None:
+            probs = piece.logprobs if logprobs else None
             if piece.finish_reason is not None:
                 u = piece.usage
                 usage = _usage(u.prompt_tokens, u.completion_tokens) if u is not None else None
-                yield frame(_response(piece.text, piece.finish_reason, usage, model_id, rid))
+                yield frame(
+                    _response(piece.text, piece.finish_reason, usage, model_id, rid, probs)
+                )
             elif piece.text:
-                yield frame(_response(piece.text, None, None, model_id, rid))
+                yield frame(_response(piece.text, None, None, model_id, rid, probs))
             piece = await anext(stream, None)
     except (ApiError, OmniaError) as e:
         err = e if isinstance(e, ApiError) else from_engine(e)
