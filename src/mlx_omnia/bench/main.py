@@ -9,6 +9,7 @@ itself) on the same checkpoint and the same token stream. See docs/benchmarks.md
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import json
 import os
@@ -23,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -30,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 import mlx_omnia
-from mlx_omnia.bench import measure
+from mlx_omnia.bench import bandwidth, measure, results_file
 from mlx_omnia.bench.shapes import DTYPES, SHAPES, build_checkpoint
 
 Out = Callable[[str], None]
@@ -68,7 +70,13 @@ def environment() -> dict[str, Any]:
     info["mlx"] = str(getattr(mx, "__version__", "?"))
     info["mlx_lm"] = measure.mlx_lm_importable()
     info["mlx_omnia_revision"] = _git_revision(_source_root())
+    info["source_sha256"] = results_file.source_digest(
+        results_file.tree_files(Path(mlx_omnia.__file__).resolve().parent)
+    )
     info["python"] = platform.python_version()
+    info["date"] = datetime.now(UTC).isoformat(timespec="seconds")
+    info["device_info"] = bandwidth.device_info()
+    info["device_name"] = info["device_info"].get("device_name")
     return info
 
 
@@ -147,39 +155,54 @@ class Row:
     decode_tok_s: float          # pipelined: steps queued one ahead, a generation loop's rate
     step_tok_s: float            # 1 / the median latency of one waited step
     weight_bytes: int
-    floor_tok_s: float | None
+    floor_tok_s: float | None    # the step's bytes over the best copy bandwidth measured
     step_bytes: int = 0          # weights one decode step reads (the floor's numerator)
+    spec_floor_tok_s: float | None = None  # the same over the card's datasheet bandwidth
+    generate_tok_s: float | None = None    # free generation's decode rate (stream API)
+    first_token_s: float | None = None     # free generation: the call to the first text
     prefill_ratio: float | None = None
     decode_ratio: float | None = None
     step_ratio: float | None = None
+    generate_ratio: float | None = None
 
     @property
     def floor_share(self) -> float | None:
         return None if not self.floor_tok_s else self.decode_tok_s / self.floor_tok_s
 
+    @property
+    def spec_share(self) -> float | None:
+        return None if not self.spec_floor_tok_s else self.decode_tok_s / self.spec_floor_tok_s
+
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
+    return "-" if value is None or value != value else f"{value:{spec}}{suffix}"
+
+
+def _pct(value: float | None) -> str:
+    return _fmt(None if value is None else 100 * value, ".1f", " %")
 
 
 def table(rows: Sequence[Row], against: str) -> str:
     head = (
-        "arm", "prefill tok/s", "decode tok/s", f"prefill vs {against}",
-        f"decode vs {against}", "step tok/s", f"step vs {against}", "weights MB", "floor tok/s",
-        "% of floor",
+        "arm", "prefill tok/s", "decode tok/s", "generate tok/s", "first token ms",
+        f"prefill vs {against}", f"decode vs {against}", f"generate vs {against}",
+        "step tok/s", "weights MB", "floor tok/s", "% of floor", "% of spec",
     )
     body = [
         (
             r.arm,
             _fmt(r.prefill_tok_s, ",.1f"),
             _fmt(r.decode_tok_s, ",.2f"),
+            _fmt(r.generate_tok_s, ",.2f"),
+            _fmt(None if r.first_token_s is None else 1e3 * r.first_token_s, ",.1f"),
             _fmt(r.prefill_ratio, ".3f", "x"),
             _fmt(r.decode_ratio, ".3f", "x"),
+            _fmt(r.generate_ratio, ".3f", "x"),
             _fmt(r.step_tok_s, ",.2f"),
-            _fmt(r.step_ratio, ".3f", "x"),
             _fmt(r.weight_bytes / 1e6, ",.1f"),
             _fmt(r.floor_tok_s, ",.1f"),
-            _fmt(None if r.floor_share is None else 100 * r.floor_share, ".1f", " %"),
+            _pct(r.floor_share),
+            _pct(r.spec_share),
         )
         for r in rows
     ]
@@ -208,6 +231,28 @@ def per_run_decode_ratios(
     }
 
 
+def per_run_generate_ratios(
+    results: dict[str, list[measure.RunResult]], baseline: str
+) -> dict[str, list[float]]:
+    """The same for the free generation's decode rate."""
+    rates = {
+        name: [x.generation.decode_tok_s for x in runs if x.generation is not None]
+        for name, runs in results.items()
+    }
+    base = rates.get(baseline)
+    if not base or len(base) != len(results[baseline]):
+        return {}
+    return {
+        name: [x / b for x, b in zip(values, base, strict=True)]
+        for name, values in rates.items()
+        if name != baseline and len(values) == len(base)
+    }
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return None if value is None or not base else value / base
+
+
 def _ratios(rows: list[Row], baseline: str) -> None:
     base = next((r for r in rows if r.arm == baseline), None)
     if base is None:
@@ -216,6 +261,15 @@ def _ratios(rows: list[Row], baseline: str) -> None:
         r.prefill_ratio = r.prefill_tok_s / base.prefill_tok_s
         r.decode_ratio = r.decode_tok_s / base.decode_tok_s
         r.step_ratio = r.step_tok_s / base.step_tok_s
+        r.generate_ratio = _ratio(r.generate_tok_s, base.generate_tok_s)
+
+
+def _generation_medians(runs: Sequence[measure.RunResult]) -> tuple[float | None, float | None]:
+    """(decode tok/s, seconds to the first token) of the free generations, medians."""
+    done = [x.generation for x in runs if x.generation is not None]
+    if not done:
+        return None, None
+    return _median([g.decode_tok_s for g in done]), _median([g.first_s for g in done])
 
 
 # -- interleaved ----------------------------------------------------------------------------
@@ -240,6 +294,51 @@ def explain(path: Path, args: argparse.Namespace, out: Out) -> dict[str, Any]:
     return report
 
 
+def _load_arms(
+    path: Path, args: argparse.Namespace, env: dict[str, Any],
+    quantize: tuple[int, int] | None, notes: list[str],
+) -> list[measure.Arm]:
+    _progress("loading omnia")
+    arms = [measure.omnia_arm(str(path), dtype=args.dtype, quantize=quantize, reference=False)]
+    if getattr(args, "eager", False):
+        _progress("loading omnia-eager (OMNIA_COMPILE=0)")
+        arms.append(measure.omnia_arm(
+            str(path), dtype=args.dtype, quantize=quantize, reference=False, eager=True
+        ))
+    if getattr(args, "unchained", False):
+        _progress("loading omnia-unchained (OMNIA_CHAINED_KERNELS=0)")
+        arms.append(measure.omnia_arm(
+            str(path), dtype=args.dtype, quantize=quantize, reference=False, chained=False
+        ))
+    if args.reference:
+        _progress("loading omnia-reference (OMNIA_REFERENCE_KERNELS=1)")
+        arms.append(
+            measure.omnia_arm(str(path), dtype=args.dtype, quantize=quantize, reference=True)
+        )
+    if args.against == "mlx-lm":
+        if env["mlx_lm"] is None:
+            notes.append("mlx-lm arm skipped: mlx_lm is not importable (pip install mlx-lm==0.32.2)")
+        else:
+            _progress("loading mlx-lm")
+            arms.append(measure.mlx_lm_arm(
+                str(path), dtype=args.against_dtype or args.dtype, quantize=quantize
+            ))
+    return arms
+
+
+def sampling_of(args: argparse.Namespace) -> measure.Sampling:
+    return measure.Sampling(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+    )
+
+
+def prompt_text(path: Path, ids: Sequence[int]) -> str:
+    """The free generation's prompt: the prompt ids decoded by the checkpoint's tokenizer (the
+    bench's vocabulary encodes it back to the same ids)."""
+    tokenizers: Any = importlib.import_module("tokenizers")
+    return cast(str, tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")).decode(list(ids)))
+
+
 def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
     """Every arm in this process on one checkpoint and one token stream; runs rotate the order."""
     env = environment()
@@ -256,44 +355,22 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         prompt, generate = token_stream(
             path, prompt=args.prompt, generate=args.generate, seed=args.seed
         )
+        text = None if args.no_generation else prompt_text(path, prompt)
+        sampling = sampling_of(args)
         notes: list[str] = []
-        arms: list[measure.Arm] = []
-        _progress("loading omnia")
-        arms.append(measure.omnia_arm(str(path), dtype=args.dtype, quantize=quantize, reference=False))
-        if getattr(args, "eager", False):
-            _progress("loading omnia-eager (OMNIA_COMPILE=0)")
-            arms.append(
-                measure.omnia_arm(
-                    str(path), dtype=args.dtype, quantize=quantize, reference=False, eager=True
-                )
+        arms = _load_arms(path, args, env, quantize, notes)
+        unlike = [a.name for a in arms if a.dtype and a.dtype != args.dtype]
+        if unlike:
+            notes.append(
+                f"NOT LIKE FOR LIKE: {', '.join(unlike)} ran in {args.against_dtype}, omnia in "
+                f"{args.dtype}; their ratios compare the two dtypes, not the engines, and those "
+                "arms have no floor (it counts omnia's bytes)"
             )
-        if getattr(args, "unchained", False):
-            _progress("loading omnia-unchained (OMNIA_CHAINED_KERNELS=0)")
-            arms.append(
-                measure.omnia_arm(
-                    str(path), dtype=args.dtype, quantize=quantize, reference=False, chained=False
-                )
-            )
-        if args.reference:
-            _progress("loading omnia-reference (OMNIA_REFERENCE_KERNELS=1)")
-            arms.append(
-                measure.omnia_arm(str(path), dtype=args.dtype, quantize=quantize, reference=True)
-            )
-        if args.against == "mlx-lm":
-            if env["mlx_lm"] is None:
-                notes.append(
-                    "mlx-lm arm skipped: mlx_lm is not importable (pip install mlx-lm==0.32.2)"
-                )
-            else:
-                _progress("loading mlx-lm")
-                arms.append(measure.mlx_lm_arm(
-                    str(path), dtype=args.against_dtype or args.dtype, quantize=quantize
-                ))
-        _progress(f"copy bandwidth ({args.bandwidth_mib} MiB)")
-        bandwidth = measure.copy_bandwidth(args.bandwidth_mib * 2**20)
+        _progress(f"memory bandwidth ({args.bandwidth_mib} MiB)")
+        bw = bandwidth.measure(args.bandwidth_mib * 2**20, backend=env.get("backend"))
         for arm in arms:
             _progress(f"warming up {arm.name}")
-            measure.warm_up(arm, prompt, generate)
+            measure.warm_up(arm, prompt, generate, text, sampling)
         results: dict[str, list[measure.RunResult]] = {a.name: [] for a in arms}
         orders: list[list[str]] = []
         for r in range(args.runs):
@@ -301,26 +378,20 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             orders.append([a.name for a in order])
             for arm in order:
                 _progress(f"run {r + 1}/{args.runs}: {arm.name}")
-                results[arm.name].append(measure.run_once(arm, prompt, generate))
+                results[arm.name].append(measure.run_once(arm, prompt, generate, text, sampling))
 
         # One checkpoint: every arm's floor divides by the bytes the engine says a step reads.
         step_bytes = next((a.step_bytes for a in arms if a.step_bytes), 0)
-        rows: list[Row] = []
-        for arm in arms:
-            runs = results[arm.name]
-            read = step_bytes or arm.weight_bytes
-            rows.append(Row(
-                arm=arm.name,
-                prefill_tok_s=len(prompt) / _median([x.prefill_s for x in runs]),
-                decode_tok_s=1.0 / _median([x.decode_pipelined_s for x in runs]),
-                step_tok_s=1.0 / _median([x.decode_median_s for x in runs]),
-                weight_bytes=arm.weight_bytes,
-                floor_tok_s=bandwidth / read if read else None,
-                step_bytes=read,
-            ))
+        rows = [
+            _row(arm.name, results[arm.name], len(prompt), arm.weight_bytes,
+                 None if arm.name in unlike else (step_bytes or arm.weight_bytes), bw)
+            for arm in arms
+        ]
         baseline = "mlx-lm" if "mlx-lm" in results else arms[0].name
         _ratios(rows, baseline)
-        checks = _checks(arms[0].name, results)
+        tolerance = gate_tolerance(args.dtype, quantized=quantize is not None or on_disk is not None,
+                                   backend=env.get("backend"))
+        checks = _checks(arms[0].name, results, tolerance)
 
         _print_environment(env, out)
         source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
@@ -329,73 +400,135 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
             q = f"affine {on_disk[0]}-bit g{on_disk[1]} (written quantized)"
         out(
             f"model: {source}  dtype {args.dtype}"
-            + (f" (mlx-lm: {args.against_dtype})" if args.against_dtype else "")
+            + (f" (mlx-lm: {args.against_dtype})" if unlike else "")
             + f"  quantize {q}  prompt {len(prompt)}  "
             f"generate {len(generate)}  runs {args.runs}"
         )
-        out(f"copy bandwidth: {bandwidth / 1e9:,.1f} GB/s (floor tok/s = bandwidth / the "
-            f"{rows[0].step_bytes / 1e6:,.1f} MB of weights a decode step reads)")
+        _print_bandwidth(bw, rows[0].step_bytes, out)
         for name, check in checks.items():
-            out(
-                f"check {name} vs {arms[0].name}: decode argmax agree {check['argmax_agree']}/"
-                f"{check['steps']} (disagreements within the logit noise "
-                f"{check['decode_logit_noise']:.3g}: {check['disagree_within_noise']}, beyond: "
-                f"{check['disagree_beyond_noise']}), prompt last-row logits max |diff| "
-                f"{check['prefill_logits_max_abs_diff']:.3g} (of max |logit| "
-                f"{check['prefill_logits_max_abs']:.3g})"
-            )
+            _print_check(name, arms[0].name, check, out)
         for note in notes:
             out(note)
         out(DECODE_NOTE)
+        if text is not None:
+            out(GENERATE_NOTE.format(**sampling.to_json(), n=len(generate)))
         out("")
         out(table(rows, baseline))
         spread = per_run_decode_ratios(results, baseline)
+        gen_spread = per_run_generate_ratios(results, baseline)
         if args.runs > 1 and spread:
-            out(f"decode vs {baseline}, run by run: " + "; ".join(
-                f"{name} " + " ".join(f"{v:.2f}x" for v in values)
-                for name, values in spread.items()
-            ))
+            out(f"decode vs {baseline}, run by run: " + _spread_line(spread))
+        if args.runs > 1 and gen_spread:
+            out(f"generate vs {baseline}, run by run: " + _spread_line(gen_spread))
 
         report: dict[str, Any] = {
             "command": "interleaved",
             "environment": env,
-            "model": {"source": source, "config": json.loads((path / "config.json").read_text())},
+            "model": {"source": source, "shape": None if Path(args.model).is_dir() else args.model,
+                      "config": json.loads((path / "config.json").read_text())},
             "options": {
                 "dtype": args.dtype,
                 "against_dtype": args.against_dtype,
+                "like_for_like": not unlike,
                 "quantize": _quantize_json(quantize, on_disk),
                 "prompt": len(prompt),
                 "generate": len(generate),
                 "runs": args.runs,
                 "seed": args.seed,
+                "sampling": None if text is None else sampling.to_json(),
             },
             "notes": notes,
-            "copy_bandwidth_bytes_per_s": bandwidth,
+            "bandwidth": bw.to_json(),
+            "copy_bandwidth_bytes_per_s": bw.best,
             "run_orders": orders,
             "baseline": baseline,
             "decode_ratio_per_run": spread,
+            "generate_ratio_per_run": gen_spread,
             "checks": checks,
+            "gate_passed": all(c["passed"] for c in checks.values()),
             "arms": {
                 arm.name: {
+                    "dtype": arm.dtype,
                     "weight_bytes": arm.weight_bytes,
                     "step_bytes": arm.step_bytes,
-                    "runs": [
-                        {
-                            "prefill_s": x.prefill_s,
-                            "decode_median_s": x.decode_median_s,
-                            "decode_step_s": x.decode_step_s,
-                            "decode_pipelined_s": x.decode_pipelined_s,
-                        }
-                        for x in results[arm.name]
-                    ],
+                    "runs": [_run_json(x) for x in results[arm.name]],
                 }
                 for arm in arms
             },
             "table": [_row_json(r) for r in rows],
         }
+    _write(report, args)
+    return report
+
+
+GENERATE_NOTE = ("generate = a free generation of {n} tokens through each engine's own API "
+                 "(omnia Model.stream, mlx-lm stream_generate): temperature {temperature}, "
+                 "top_p {top_p}, top_k {top_k}, seed {seed}, stop string {stop!r}; its decode "
+                 "rate counts the tokens after the first text over the time after it")
+
+
+def _spread_line(spread: dict[str, list[float]]) -> str:
+    return "; ".join(
+        f"{name} " + " ".join(f"{v:.2f}x" for v in values) for name, values in spread.items()
+    )
+
+
+def _row(
+    name: str, runs: Sequence[measure.RunResult], prompt: int, weight_bytes: int,
+    read: int | None, bw: bandwidth.Bandwidth,
+) -> Row:
+    gen_rate, first = _generation_medians(runs)
+    return Row(
+        arm=name,
+        prefill_tok_s=prompt / _median([x.prefill_s for x in runs]),
+        decode_tok_s=1.0 / _median([x.decode_pipelined_s for x in runs]),
+        step_tok_s=1.0 / _median([x.decode_median_s for x in runs]),
+        weight_bytes=weight_bytes,
+        floor_tok_s=bw.best / read if read else None,
+        step_bytes=read or 0,
+        spec_floor_tok_s=bw.spec / read if read and bw.spec else None,
+        generate_tok_s=gen_rate,
+        first_token_s=first,
+    )
+
+
+def _run_json(x: measure.RunResult) -> dict[str, Any]:
+    return {
+        "prefill_s": x.prefill_s,
+        "decode_median_s": x.decode_median_s,
+        "decode_step_s": x.decode_step_s,
+        "decode_pipelined_s": x.decode_pipelined_s,
+        "generation": None if x.generation is None else x.generation.to_json(),
+    }
+
+
+def _print_bandwidth(bw: bandwidth.Bandwidth, step_bytes: int, out: Out) -> None:
+    methods = ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in bw.methods.items())
+    spec = "no datasheet figure" if bw.spec is None else f"datasheet {bw.spec / 1e9:,.0f} GB/s"
+    out(f"memory bandwidth: best {bw.best / 1e9:,.1f} GB/s ({methods} GB/s); {bw.card or 'no GPU'}, "
+        f"{spec}. floor tok/s = best / the {step_bytes / 1e6:,.1f} MB a decode step reads")
+    for name, error in bw.errors.items():
+        out(f"copy method {name} failed: {error}")
+
+
+def _print_check(name: str, first: str, check: dict[str, Any], out: Out) -> None:
+    flips = check["argmax_flips"]
+    out(
+        f"gate {name} vs {first}: {'PASS' if check['passed'] else 'FAIL'} at tolerance "
+        f"{check['tolerance']:.3g} of the largest |logit|: prompt last row "
+        f"{check['prefill_max_rel_diff']:.3g}, decode steps max {check['decode_max_rel_diff']:.3g}; "
+        f"argmax agree {check['argmax_agree']}/{check['steps']}"
+        + (f", {sum(not f['near_tie'] for f in flips)} of {len(flips)} flips not near-ties"
+           if flips else "")
+    )
+
+
+def _write(report: dict[str, Any], args: argparse.Namespace) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
-    return report
+    if getattr(args, "results", None):
+        saved = results_file.save(report, Path(args.results))
+        _progress(f"results written to {saved}")
 
 
 def _quantize_json(
@@ -412,76 +545,104 @@ def _row_json(r: Row) -> dict[str, Any]:
         "prefill_tok_s": r.prefill_tok_s,
         "decode_tok_s": r.decode_tok_s,
         "step_tok_s": r.step_tok_s,
+        "generate_tok_s": r.generate_tok_s,
+        "first_token_s": r.first_token_s,
         "step_ratio": r.step_ratio,
         "prefill_ratio": r.prefill_ratio,
         "decode_ratio": r.decode_ratio,
+        "generate_ratio": r.generate_ratio,
         "weight_bytes": r.weight_bytes,
         "step_bytes": r.step_bytes,
         "floor_tok_s": r.floor_tok_s,
         "floor_share": r.floor_share,
+        "spec_floor_tok_s": r.spec_floor_tok_s,
+        "spec_share": r.spec_share,
     }
 
 
-def margin_check(
-    ours: Sequence[dict[int, float]], theirs: Sequence[dict[int, float]],
-    picks: tuple[Sequence[int], Sequence[int]] | None = None,
+# -- the correctness gate --------------------------------------------------------------------
+# Significand bits of the float each arm rounds to. On CUDA, float32 matmuls may round their
+# inputs to TF32 (10 stored bits, fp16's), so float32 counts as 11 bits there.
+SIGNIFICAND_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}
+CUDA_FLOAT32_BITS = 11
+# 2^slack units of the last place. In 16-bit formats the rounding of what is stored (weights,
+# activations between layers) dominates: 2^4 covers ~30 layers of it with room to spare. In
+# float32 the long reductions' own rounding dominates (terms in the thousands): 2^10.
+SLACK_BITS = {"bfloat16": 4, "float16": 4, "float32": 10}
+QUANTIZED_FACTOR = 2  # a quantized matrix is dequantized (rounded) once more
+
+
+def gate_tolerance(dtype: str, *, quantized: bool, backend: str | None) -> float:
+    """The largest logit difference two arms computing the same model may show, relative to
+    the largest |logit| of the step: 2^(slack - p) for p significand bits (SLACK_BITS), twice
+    that quantized. Fixed per dtype and format (as the parity tests' tolerance is fixed by the
+    reference's precision), never measured from the arms it judges."""
+    bits, slack = SIGNIFICAND_BITS[dtype], SLACK_BITS[dtype]
+    if dtype == "float32" and backend == "cuda":
+        bits, slack = CUDA_FLOAT32_BITS, SLACK_BITS["float16"]
+    return 2.0 ** (slack - bits) * (QUANTIZED_FACTOR if quantized else 1)
+
+
+def step_differences(
+    ours: Sequence[dict[int, float]], theirs: Sequence[dict[int, float]]
+) -> list[float]:
+    """Per decode step: the largest |difference| of a token's logit between the arms, over the
+    tokens both have among their top logits, relative to the step's largest |logit|."""
+    out: list[float] = []
+    for a, b in zip(ours, theirs, strict=True):
+        shared = a.keys() & b.keys()
+        scale = max((abs(v) for v in a.values()), default=0.0) or 1.0
+        out.append(max((abs(a[t] - b[t]) for t in shared), default=0.0) / scale)
+    return out
+
+
+def gate(
+    ref: measure.RunResult, run: measure.RunResult, tolerance: float
 ) -> dict[str, Any]:
-    """Argmax disagreements weighed by the other arm's top-2 margin (the issue's criterion).
-
-    Noise: the largest |difference| of one token's logit between the two arms, over the tokens
-    both have among their top logits, over the steps where both pick the same token (the
-    dtype's measured rounding noise on the logits that matter; 0 when no step agrees). A
-    disagreement is within noise when the other arm's top-2 margin at that step is at most the
-    noise: the arms rank two near-tied tokens differently. `picks` (each arm's argmax per
-    step, as the agreement count uses them) decides which steps disagree; without it, the top of
-    each step's logits does (an exact tie there may pick either token)."""
-    if picks is None:
-        picks = ([max(a, key=a.__getitem__) if a else -1 for a in ours],
-                 [max(b, key=b.__getitem__) if b else -1 for b in theirs])
-    same = [x == y for x, y in zip(*picks, strict=True)]
-    noise = 0.0
-    for a, b, agree in zip(ours, theirs, same, strict=True):
-        if not a or not b or not agree:
+    """Two arms computed the same model on the same ids. They pass when the last prompt row's
+    logits and every decode step's top logits agree within `tolerance` (relative to the
+    largest |logit|), and every step where their argmaxes differ is a near-tie: the reference's
+    top-2 margin within twice the tolerance (each arm may be off by one tolerance)."""
+    prefill_scale = float(np.max(np.abs(ref.prefill_last_logits))) or 1.0
+    prefill = float(np.max(np.abs(run.prefill_last_logits - ref.prefill_last_logits)))
+    steps = step_differences(ref.decode_top, run.decode_top)
+    flips: list[dict[str, Any]] = []
+    for i, (x, y) in enumerate(zip(ref.decode_argmax, run.decode_argmax, strict=True)):
+        if x == y:
             continue
-        for token in a.keys() & b.keys():
-            noise = max(noise, abs(a[token] - b[token]))
-    within = beyond = 0
-    for a, b, agree in zip(ours, theirs, same, strict=True):
-        if not a or not b or agree:
-            continue
-        top2 = sorted(b.values(), reverse=True)[:2]
-        if top2[0] - top2[1] <= noise:
-            within += 1
-        else:
-            beyond += 1
-    return {"decode_logit_noise": noise, "disagree_within_noise": within,
-            "disagree_beyond_noise": beyond}
+        top = ref.decode_top[i]
+        scale = max((abs(v) for v in top.values()), default=0.0) or 1.0
+        first, second = sorted(top.values(), reverse=True)[:2]
+        margin = (first - second) / scale
+        flips.append({"step": i, "margin": margin, "near_tie": margin <= 2 * tolerance})
+    worst = max(steps, default=0.0)
+    passed = (prefill / prefill_scale <= tolerance and worst <= tolerance
+              and all(f["near_tie"] for f in flips))
+    return {
+        "tolerance": tolerance,
+        "steps": len(steps),
+        "argmax_agree": len(steps) - len(flips),
+        "argmax_flips": flips,
+        "decode_max_rel_diff": worst,
+        "decode_rel_diff": steps,
+        "prefill_last_argmax": [
+            int(np.argmax(ref.prefill_last_logits)), int(np.argmax(run.prefill_last_logits))
+        ],
+        "prefill_logits_max_abs_diff": prefill,
+        "prefill_logits_max_abs": prefill_scale,
+        "prefill_max_rel_diff": prefill / prefill_scale,
+        "passed": passed,
+    }
 
 
-def _checks(first: str, results: dict[str, list[measure.RunResult]]) -> dict[str, dict[str, Any]]:
-    """Each arm's first run against the first arm's: they computed the same model on the same
-    ids, so the logits must agree (up to the dtype's rounding) and the argmaxes nearly always."""
+def _checks(
+    first: str, results: dict[str, list[measure.RunResult]], tolerance: float
+) -> dict[str, dict[str, Any]]:
+    """Each arm's first run against the first arm's, through the gate."""
     ref = results[first][0]
-    checks: dict[str, dict[str, Any]] = {}
-    for name, runs in results.items():
-        if name == first:
-            continue
-        run = runs[0]
-        agree = sum(a == b for a, b in zip(run.decode_argmax, ref.decode_argmax, strict=True))
-        checks[name] = {
-            "steps": len(ref.decode_argmax),
-            "argmax_agree": agree,
-            **margin_check(ref.decode_top, run.decode_top,
-                           (ref.decode_argmax, run.decode_argmax)),
-            "prefill_last_argmax": [
-                int(np.argmax(ref.prefill_last_logits)), int(np.argmax(run.prefill_last_logits))
-            ],
-            "prefill_logits_max_abs_diff": float(
-                np.max(np.abs(run.prefill_last_logits - ref.prefill_last_logits))
-            ),
-            "prefill_logits_max_abs": float(np.max(np.abs(ref.prefill_last_logits))),
-        }
-    return checks
+    return {
+        name: gate(ref, runs[0], tolerance) for name, runs in results.items() if name != first
+    }
 
 
 # -- paired ---------------------------------------------------------------------------------
@@ -540,15 +701,18 @@ def paired(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         prompt, generate = token_stream(
             path, prompt=args.prompt, generate=args.generate, seed=args.seed
         )
+        text = None if args.no_generation else prompt_text(path, prompt)
+        sampling = sampling_of(args)
         spec = {
             "path": str(path), "dtype": args.dtype,
             "quantize": None if quantize is None else list(quantize),
             "reference": False, "prompt": prompt, "generate": generate, "runs": 1,
+            "text": text, "sampling": None if text is None else sampling.to_json(),
         }
         spec_file = Path(tmp) / "spec.json"
         spec_file.write_text(json.dumps(spec))
-        _progress(f"copy bandwidth ({args.bandwidth_mib} MiB)")
-        bandwidth = measure.copy_bandwidth(args.bandwidth_mib * 2**20)
+        _progress(f"memory bandwidth ({args.bandwidth_mib} MiB)")
+        bw = bandwidth.measure(args.bandwidth_mib * 2**20, backend=env.get("backend"))
         trees = {"working": work_tree, f"ref {args.ref}": ref_tree}
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
         names = list(trees)
@@ -563,14 +727,18 @@ def paired(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
         runs = [run for child in results[name] for run in child["runs"]]
         weight_bytes = int(results[name][0]["weight_bytes"])
         read = int(results[name][0].get("step_bytes", 0)) or weight_bytes
+        gens = [measure.GenerationRun(**x["generation"]) for x in runs if x.get("generation")]
         rows.append(Row(
             arm=name,
             prefill_tok_s=len(prompt) / _median([float(x["prefill_s"]) for x in runs]),
             decode_tok_s=1.0 / _median([float(x.get("decode_pipelined_s", "nan")) for x in runs]),
             step_tok_s=1.0 / _median([_median(x["decode_step_s"]) for x in runs]),
             weight_bytes=weight_bytes,
-            floor_tok_s=bandwidth / read if read else None,
+            floor_tok_s=bw.best / read if read else None,
             step_bytes=read,
+            spec_floor_tok_s=bw.spec / read if read and bw.spec else None,
+            generate_tok_s=_median([g.decode_tok_s for g in gens]) if gens else None,
+            first_token_s=_median([g.first_s for g in gens]) if gens else None,
         ))
     _ratios(rows, names[1])
     first_runs = [results[name][0]["runs"][0] for name in names]
@@ -578,22 +746,29 @@ def paired(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
     _print_environment(env, out)
     out(f"model: {args.model}  dtype {args.dtype}  prompt {len(prompt)}  generate {len(generate)}  "
         f"runs {args.runs}  working {_git_revision(work_tree) or work_tree}  ref {args.ref}")
-    out(f"copy bandwidth: {bandwidth / 1e9:,.1f} GB/s")
+    _print_bandwidth(bw, rows[0].step_bytes, out)
     out(f"check: decode argmax streams {'identical' if same else 'DIFFER'} between the trees")
     out(DECODE_NOTE)
+    if text is not None:
+        out(GENERATE_NOTE.format(**sampling.to_json(), n=len(generate)))
     out("")
     out(table(rows, "ref"))
     report: dict[str, Any] = {
         "command": "paired",
         "environment": env,
         "ref": args.ref,
-        "copy_bandwidth_bytes_per_s": bandwidth,
+        "model": {"source": args.model, "shape": None if Path(args.model).is_dir() else args.model},
+        "options": {"dtype": args.dtype, "quantize": _quantize_json(quantize, on_disk),
+                    "prompt": len(prompt), "generate": len(generate), "runs": args.runs,
+                    "seed": args.seed, "like_for_like": True,
+                    "sampling": None if text is None else sampling.to_json()},
+        "bandwidth": bw.to_json(),
+        "copy_bandwidth_bytes_per_s": bw.best,
         "argmax_identical": same,
         "arms": results,
         "table": [_row_json(r) for r in rows],
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    _write(report, args)
     return report
 
 
@@ -617,6 +792,15 @@ def _common(p: argparse.ArgumentParser, *, default_mib: int) -> None:
     p.add_argument("--workdir", default=None, help="where random checkpoints are built (a temp dir)")
     p.add_argument("--bandwidth-mib", type=int, default=default_mib,
                    help="size of the array copied to measure bandwidth")
+    p.add_argument("--no-generation", action="store_true",
+                   help="leave out the free generation (stream API) of each run")
+    p.add_argument("--temperature", type=float, default=measure.Sampling.temperature,
+                   help="the free generation's sampling (both engines the same)")
+    p.add_argument("--top-p", type=float, default=measure.Sampling.top_p)
+    p.add_argument("--top-k", type=int, default=measure.Sampling.top_k)
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="also write the JSON under DIR with a name from its date, revision, "
+                        "device and model (docs/bench-results/ holds the published ones)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -629,8 +813,8 @@ def parser() -> argparse.ArgumentParser:
     inter.add_argument("--against", choices=["mlx-lm", "none"], default="mlx-lm",
                        help="the baseline arm (skipped, with a note, when mlx_lm is not importable)")
     inter.add_argument("--against-dtype", default=None, choices=list(DTYPES),
-                       help="load the mlx-lm arm in this dtype instead of --dtype (e.g. the "
-                            "engine's float32 CPU path against mlx-lm in bfloat16)")
+                       help="load the mlx-lm arm in this dtype instead of --dtype: NOT like "
+                            "for like (the output and the JSON say so, and that arm has no floor)")
     inter.add_argument("--reference", action="store_true",
                        help="add the omnia-reference arm (OMNIA_REFERENCE_KERNELS=1)")
     inter.add_argument("--unchained", action="store_true",

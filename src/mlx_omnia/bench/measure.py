@@ -43,17 +43,64 @@ def evaluate(*arrays: mx.array | list[mx.array]) -> None:
     mx.eval(*arrays)  # pyright: ignore[reportUnknownMemberType]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """What a free generation asks of both engines: the same sampling settings, the same seed
+    and a stop string (that random weights never write) which each engine must watch for."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    seed: int = 0
+    stop: str = "\n\nUser:"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "seed": self.seed, "stop": self.stop}
+
+
+@dataclass
+class GenerationRun:
+    """One free generation through an engine's own generation API: sampled tokens,
+    detokenized, stop strings matched, as its users run it."""
+
+    first_s: float       # from the call to the first token's text (prefill + first sample)
+    decode_s: float      # from the first token's text to the last's
+    tokens: int          # generated tokens
+    first_tokens: int    # tokens that arrived with the first text
+    prompt_tokens: int
+    chars: int
+    finish: str
+
+    @property
+    def decode_tok_s(self) -> float:
+        after = self.tokens - self.first_tokens
+        return after / self.decode_s if after > 0 and self.decode_s > 0 else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"first_s": self.first_s, "decode_s": self.decode_s, "tokens": self.tokens,
+                "first_tokens": self.first_tokens, "prompt_tokens": self.prompt_tokens,
+                "chars": self.chars, "finish": self.finish}
+
+
+# generate(prompt text, new tokens, sampling) -> one timed free generation
+Generate = Callable[[str, int, Sampling], GenerationRun]
+
+
 @dataclass
 class Arm:
-    """One way of running the checkpoint: a name, its weight bytes, and fresh sequences.
-    `step_bytes`: the weights one decode step reads (the engine's Model.decode_bytes: the routed
-    experts' share, one row of an untied embedding table); 0 when the arm cannot say."""
+    """One way of running the checkpoint: a name, its weight bytes, fresh sequences, and free
+    generation. `step_bytes`: the weights one decode step reads (the engine's
+    Model.decode_bytes: the routed experts' share, one row of an untied embedding table); 0
+    when the arm cannot say. `dtype`: the activations' dtype it was loaded in."""
 
     name: str
     weight_bytes: int
     new_sequence: Callable[[], Feed]
     bindings: dict[str, str] = field(default_factory=dict[str, str])
     step_bytes: int = 0
+    generate: Generate | None = None
+    dtype: str = ""
 
 
 @dataclass
@@ -67,6 +114,8 @@ class RunResult:
     decode_top: list[dict[int, float]] = field(default_factory=list[dict[int, float]])
     # Seconds per decode step with steps queued one ahead (a generation loop's rate).
     decode_pipelined_s: float = float("nan")
+    # A free generation of as many tokens (None when not asked for or the arm cannot).
+    generation: GenerationRun | None = None
 
     @property
     def decode_median_s(self) -> float:
@@ -133,9 +182,46 @@ def omnia_arm(
     step_bytes = cast(int, getattr(model, "decode_bytes", 0))
     bindings_of = getattr(model, "bindings", None)
     bindings = cast(dict[str, str], bindings_of()) if callable(bindings_of) else {}
+    def generate(text: str, tokens: int, sampling: Sampling) -> GenerationRun:
+        options = mlx_omnia.GenerationOptions(
+            max_tokens=tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, seed=sampling.seed, stop=[sampling.stop],
+        )
+        clock = _Clock()
+        finish, prompt_tokens = "?", 0
+        for piece in model.stream(text, options):
+            clock.arrived(len(piece.token_ids), len(piece.text))
+            if piece.finish_reason is not None:
+                finish = piece.finish_reason
+                prompt_tokens = piece.usage.prompt_tokens if piece.usage else 0
+        return clock.run(prompt_tokens, finish)
+
     name = ("omnia-reference" if reference else "omnia-eager" if eager
             else "omnia-unchained" if not chained else "omnia")
-    return Arm(name, nbytes, new_sequence, bindings, step_bytes)
+    return Arm(name, nbytes, new_sequence, bindings, step_bytes, generate, dtype)
+
+
+class _Clock:
+    """Times a generation from the call: when its first text arrived and when its last did."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last = self.start
+        self.tokens = self.first_tokens = self.chars = 0
+
+    def arrived(self, tokens: int, chars: int) -> None:
+        now = time.perf_counter()
+        self.tokens += tokens
+        self.chars += chars
+        if self.first is None and tokens:
+            self.first, self.first_tokens = now, self.tokens
+        self.last = now
+
+    def run(self, prompt_tokens: int, finish: str) -> GenerationRun:
+        first = self.first if self.first is not None else self.last
+        return GenerationRun(first - self.start, self.last - first, self.tokens,
+                             self.first_tokens, prompt_tokens, self.chars, finish)
 
 
 def mlx_lm_importable() -> str | None:
@@ -188,10 +274,40 @@ def mlx_lm_arm(path: str, *, dtype: str, quantize: tuple[int, int] | None) -> Ar
 
         return feed
 
-    return Arm("mlx-lm", nbytes, new_sequence)
+    generate_module: Any = importlib.import_module("mlx_lm.generate")
+    sample_utils: Any = importlib.import_module("mlx_lm.sample_utils")
+    tokenizer = utils.load_tokenizer(Path(path))
+
+    def generate(text: str, tokens: int, sampling: Sampling) -> GenerationRun:
+        # mlx-lm's own loop (stream_generate: its sampler, its streaming detokenizer); the stop
+        # string is matched here on the text so far, as mlx_lm.server does on its side.
+        sampler = sample_utils.make_sampler(
+            temp=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k
+        )
+        mx.random.seed(sampling.seed)
+        clock = _Clock()
+        finish, prompt_tokens, tail = "length", 0, ""
+        for response in generate_module.stream_generate(
+            model, tokenizer, text, max_tokens=tokens, sampler=sampler
+        ):
+            piece = cast(str, response.text)
+            clock.arrived(1, len(piece))
+            prompt_tokens = int(response.prompt_tokens)
+            tail = (tail + piece)[-(len(sampling.stop) + len(piece)):]
+            if sampling.stop in tail:
+                finish = "stop"
+                break
+            if response.finish_reason is not None:
+                finish = str(response.finish_reason)
+        return clock.run(prompt_tokens, finish)
+
+    return Arm("mlx-lm", nbytes, new_sequence, generate=generate, dtype=dtype)
 
 
-def run_once(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> RunResult:
+def run_once(
+    arm: Arm, prompt: Sequence[int], generate: Sequence[int],
+    text: str | None = None, sampling: Sampling | None = None,
+) -> RunResult:
     """Prefill the prompt, then teacher-force `generate` twice on fresh sequences:
     - step by step, each step evaluated and waited on (its whole latency: host work to build and
       dispatch the step, then the GPU's), recording each step's argmax and top logits;
@@ -219,7 +335,11 @@ def run_once(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> RunRes
         argmax.append(cast(int, mx.argmax(logits[-1]).item()))  # untimed
         tops.append(top_logits(logits[-1]))
     del feed, logits
-    return RunResult(prefill_s, steps, last, argmax, tops, pipelined(arm, prompt, generate))
+    rate = pipelined(arm, prompt, generate)
+    free = None
+    if text is not None and arm.generate is not None:
+        free = arm.generate(text, len(generate), sampling or Sampling())
+    return RunResult(prefill_s, steps, last, argmax, tops, rate, free)
 
 
 def pipelined(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> float:
@@ -243,27 +363,12 @@ def pipelined(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> float
     return (time.perf_counter() - start) / max(len(generate), 1)
 
 
-def copy_bandwidth(nbytes: int, reps: int = 10) -> float:
-    """Copy-like bandwidth in bytes/s: read a float32 array, write one of the same size."""
-    n = max(nbytes // 4, 1)
-    a = mx.random.uniform(shape=(n,))
-    evaluate(a)
-    times: list[float] = []
-    for i in range(reps + 2):
-        start = time.perf_counter()
-        b = a + 1.0
-        evaluate(b)
-        if i >= 2:  # two warm-ups
-            times.append(time.perf_counter() - start)
-        del b
-    del a
-    mx.clear_cache()
-    return 2 * 4 * n / statistics.median(times)
-
-
-def warm_up(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> None:
+def warm_up(
+    arm: Arm, prompt: Sequence[int], generate: Sequence[int],
+    text: str | None = None, sampling: Sampling | None = None,
+) -> None:
     """One untimed pass of the same prompt length (kernels compiled, buffers allocated)."""
-    run_once(arm, prompt, generate[: min(len(generate), 4)])
+    run_once(arm, prompt, generate[: min(len(generate), 4)], text, sampling)
 
 
 def run_arm_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -274,8 +379,11 @@ def run_arm_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         str(spec["path"]), dtype=str(spec["dtype"]), quantize=q, reference=bool(spec["reference"])
     )
     prompt, generate = list(spec["prompt"]), list(spec["generate"])
-    warm_up(arm, prompt, generate)
-    runs = [run_once(arm, prompt, generate) for _ in range(int(spec.get("runs", 1)))]
+    text = cast(str | None, spec.get("text"))
+    sampling = Sampling(**spec["sampling"]) if spec.get("sampling") else None
+    warm_up(arm, prompt, generate, text, sampling)
+    runs = [run_once(arm, prompt, generate, text, sampling)
+            for _ in range(int(spec.get("runs", 1)))]
     return {
         "mlx_omnia_file": mlx_omnia.__file__,
         "weight_bytes": arm.weight_bytes,
@@ -287,6 +395,7 @@ def run_arm_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
                 "decode_pipelined_s": r.decode_pipelined_s,
                 "decode_argmax": r.decode_argmax,
                 "prefill_last_argmax": int(np.argmax(r.prefill_last_logits)),
+                "generation": None if r.generation is None else r.generation.to_json(),
             }
             for r in runs
         ],

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from mlx_omnia.bench.measure import evaluate
 
@@ -424,28 +425,84 @@ def build_checkpoint(
     writer.close()
     mx.clear_cache()
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    write_tokenizer(path)
+    write_tokenizer(path, int(config["vocab_size"]))
     return path
-def write_tokenizer(path: Path) -> None:
-    """A small word-level tokenizer (no hub, no training): the bench feeds token ids directly,
-    so the tokenizer only has to exist and load; its vocab may be smaller than the model's."""
-    words = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    words += [chr(c) for c in range(ord("a"), ord("z") + 1)]
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def byte_symbols() -> list[str]:
+    """The printable stand-in of each of the 256 bytes, as byte-level BPE vocabularies write
+    them: printable Latin-1 bytes stand for themselves, the others for 256, 257, ... in order."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    symbols: list[str] = []
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            symbols.append(chr(b))
+        else:
+            symbols.append(chr(256 + extra))
+            extra += 1
+    return symbols
+
+
+def bpe_vocabulary(vocab_size: int, seed: int = 0) -> tuple[list[str], list[tuple[str, str]]]:
+    """A byte-level BPE vocabulary of `vocab_size` ids, the last ones the special tokens: the
+    256 bytes, then words (a space and a letter run) grown a letter at a time from random
+    earlier words; no training needed. A word's merges are its prefixes' chain and no two
+    letters merge alone, so a decoded word encodes back to the same token."""
+    normal = vocab_size - len(SPECIAL_TOKENS)
+    symbols = byte_symbols()
+    if normal < len(symbols) + 26:
+        raise ValueError(f"a byte-level vocabulary needs at least {len(symbols) + 29} ids")
+    letters = [symbols[b] for b in b"etaoinshrdlucmfwypvbgkqjxz"]
+    space = symbols[ord(" ")]
+    rng = np.random.default_rng(seed)
+    tokens, seen = list(symbols), set(symbols)
+    merges: list[tuple[str, str]] = []
+    words: list[str] = []
+    for letter in letters:
+        if len(tokens) < normal:
+            merges.append((space, letter))
+            tokens.append(space + letter)
+            seen.add(space + letter)
+            words.append(space + letter)
+    while len(tokens) < normal:
+        a = words[int(rng.integers(len(words)))]
+        b = letters[int(rng.integers(len(letters)))]
+        if a + b in seen:
+            continue
+        tokens.append(a + b)
+        seen.add(a + b)
+        words.append(a + b)
+        merges.append((a, b))
+    return tokens + list(SPECIAL_TOKENS), merges
+
+
+def write_tokenizer(path: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer covering every id of the model (no hub, no training), so a
+    free generation from random weights detokenizes as a real model's would."""
+    tokens, merges = bpe_vocabulary(vocab_size)
+    first_special = len(tokens) - len(SPECIAL_TOKENS)
     tokenizer = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": [
-            {"id": i, "content": w, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True}
-            for i, w in enumerate(words[:4])
+            {"id": first_special + i, "content": w, "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": True}
+            for i, w in enumerate(SPECIAL_TOKENS)
         ],
         "normalizer": None,
-        "pre_tokenizer": {"type": "Whitespace"},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True},
         "post_processor": None,
-        "decoder": None,
-        "model": {"type": "WordLevel", "vocab": {w: i for i, w in enumerate(words)},
-                  "unk_token": "<unk>"},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {w: i for i, w in enumerate(tokens)},
+                  "merges": [[a, b] for a, b in merges]},
     }
     (path / "tokenizer.json").write_text(json.dumps(tokenizer))
     (path / "tokenizer_config.json").write_text(json.dumps({

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The published GPU benches (docs/benchmarks.md, "Publishing a result"), on a lent machine:
+#   bash scripts/device/bench.sh dense|moe [EXTRA omnia-bench ARGS...]
+# dense: Qwen3-4B in bfloat16, then affine 4-bit g64; moe: Qwen3-30B-A3B 4-bit g64 written
+# quantized. Both engines in the same format, free generation included, RUNS runs (default 3),
+# each result under $OUT/bench-results. Set OMNIA_BENCH_REVISION to the commit that was copied
+# (the device's tree has no git history) and T to each bench's time limit in seconds.
+set -uo pipefail
+bash .device-wheels/install.sh > /dev/null 2>&1 || { echo "install.sh failed"; exit 1; }
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/bench-out}
+mkdir -p "$OUT"
+what=${1:?dense or moe}
+shift
+bench() {
+  timeout "${T:-290}" python3 -m mlx_omnia.bench.main interleaved --runs "${RUNS:-3}" \
+    --results "$OUT/bench-results" "$@" 2>&1 | grep -v '^\[omnia-bench\] run ' | tee -a "$OUT/bench.txt"
+}
+case $what in
+  dense) bench --model qwen3-4b "$@"; bench --model qwen3-4b --quantize 4 "$@" ;;
+  moe) bench --model qwen3-30b-a3b --quantize 4 --prequantize "$@" ;;
+  *) echo "unknown: $what (dense or moe)"; exit 2 ;;
+esac
