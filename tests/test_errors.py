@@ -357,7 +357,7 @@ def test_context_fills_up_with_length(tiny) -> None:
         (GenerationOptions(min_p=1.5), r"min_p must be in \[0, 1\]"),
         (GenerationOptions(repetition_penalty=0.0), "repetition_penalty must be > 0"),
         (GenerationOptions(max_tokens=-1), "max_tokens must be >= 0"),
-        (GenerationOptions(context_limit=0), "context_limit must be positive"),
+        (GenerationOptions(context_limit=0), "context_limit must be > 0"),
         (
             GenerationOptions(logit_bias={10_000: 5.0}),
             "logit_bias names token 10000, outside 0..319",

@@ -29,7 +29,7 @@ def test_tiny_model_declares_its_signature(tiny_llama_dir) -> None:  # type: ign
     sig = model.signature
     assert sig.inputs == frozenset({"text"})
     assert sig.outputs == frozenset({"text"})
-    assert {"max_tokens", "temperature", "stop", "seed", "logit_bias"} <= sig.options
+    assert {"max_tokens", "temperature", "stop", "seed", "logit_bias"} <= sig.options.keys()
     assert sig.context_length == 256
     # Every layer declaration is bound, and on the CPU to the core (reference) implementation.
     bound = model.bindings()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlx_omnia.engine import (
+        Bounds,
         CachedModel,
         Chat,
         ChatMessage,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
         Model,
         ModelNotFoundError,
         OmniaError,
+        OptionSpec,
         Piece,
         PullProgress,
         Signature,
@@ -36,12 +38,14 @@ if TYPE_CHECKING:
         delete_cached,
         embedded_model,
         estimate_memory,
+        generation_options,
         load,
         pull,
         runtime_info,
     )
 
 __all__ = [
+    "Bounds",
     "CachedModel",
     "Chat",
     "ChatMessage",
@@ -56,6 +60,7 @@ __all__ = [
     "Model",
     "ModelNotFoundError",
     "OmniaError",
+    "OptionSpec",
     "Piece",
     "PullProgress",
     "Signature",
@@ -68,6 +73,7 @@ __all__ = [
     "delete_cached",
     "embedded_model",
     "estimate_memory",
+    "generation_options",
     "load",
     "pull",
     "runtime_info",

@@ -37,18 +37,22 @@ from mlx_omnia.engine.loading.cache import (
 from mlx_omnia.engine.model import Decoding, Model
 from mlx_omnia.engine.runtime import runtime_info
 from mlx_omnia.engine.types import (
+    Bounds,
     Chat,
     ChatMessage,
     Completion,
     GenerationOptions,
+    OptionSpec,
     Piece,
     Signature,
     TokenLogprob,
     TopLogprob,
     Usage,
+    generation_options,
 )
 
 __all__ = [
+    "Bounds",
     "CachedModel",
     "Chat",
     "ChatMessage",
@@ -63,6 +67,7 @@ __all__ = [
     "Model",
     "ModelNotFoundError",
     "OmniaError",
+    "OptionSpec",
     "Piece",
     "PullProgress",
     "Signature",
@@ -75,6 +80,7 @@ __all__ = [
     "delete_cached",
     "embedded_model",
     "estimate_memory",
+    "generation_options",
     "load",
     "pull",
     "runtime_info",

@@ -32,7 +32,15 @@ class ContextLengthError(OmniaError):
 
 
 class InvalidOptionsError(OmniaError, ValueError):
-    """A generation option is out of range or unsupported by this model's signature."""
+    """A generation option is out of range or unsupported by this model's signature.
+
+    `option` names the GenerationOptions field at fault (None when no one field is) and `reason`
+    is the message without that name, so a server can say it with the name its client used."""
+
+    def __init__(self, message: str, *, option: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+        self.reason = message if reason is None else reason
 
 
 class DownloadError(OmniaError):

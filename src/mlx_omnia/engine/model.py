@@ -28,7 +28,6 @@ from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
 from mlx_omnia.engine.text.tokenizer import Tokenizer
 from mlx_omnia.engine.types import (
-    TEXT_GENERATION_OPTIONS,
     Chat,
     Completion,
     FinishReason,
@@ -38,16 +37,17 @@ from mlx_omnia.engine.types import (
     TokenLogprob,
     TopLogprob,
     Usage,
+    generation_options,
 )
 
 # Prompt tokens a continued text's detokenizer is seeded with (IncrementalDecoder.seed).
 CONTEXT = 8
-MAX_TOP_LOGPROBS = 20  # alternatives a token (OpenAI's top_logprobs bound)
 
 
 @dataclass(frozen=True)
 class GenerationDefaults:
-    """The checkpoint's generation_config.json, as far as sampling goes."""
+    """The checkpoint's generation_config.json, as far as sampling goes. A value its option would
+    refuse (a top_p of 0) is left out: the engine's default applies."""
 
     do_sample: bool = False
     temperature: float = 1.0
@@ -59,9 +59,18 @@ class GenerationDefaults:
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> GenerationDefaults:
+        specs = generation_options()
+
         def num(key: str, default: float) -> float:
             value = config.get(key)
-            return float(value) if isinstance(value, int | float) else default
+            if not isinstance(value, int | float):
+                return default
+            spec = specs[key]
+            try:
+                spec.check(int(value) if spec.type is int else float(value))
+            except (InvalidOptionsError, ValueError, OverflowError):  # int() of nan, inf
+                return default
+            return float(value)
 
         max_new = config.get("max_new_tokens")
         return cls(
@@ -71,7 +80,7 @@ class GenerationDefaults:
             top_k=int(num("top_k", 0)),
             min_p=num("min_p", 0.0),
             repetition_penalty=num("repetition_penalty", 1.0),
-            max_new_tokens=max_new if isinstance(max_new, int) else None,
+            max_new_tokens=max_new if isinstance(max_new, int) and max_new > 0 else None,
         )
 
 
@@ -160,7 +169,7 @@ class Model:
         self.signature = Signature(
             inputs=frozenset({"text"}),
             outputs=frozenset({"text"}),
-            options=TEXT_GENERATION_OPTIONS,
+            options=generation_options(self._vocab_rows()),
             context_length=context_length,
         )
 
@@ -212,6 +221,7 @@ class Model:
         The input and options are checked here, before the first piece: bad ones raise at the
         call, not at the first `next()` (a server can still answer with an error status)."""
         options = options or GenerationOptions()
+        self.signature.check(options)
         prompt = self.encode(input)
         if not prompt:
             raise InvalidOptionsError(
@@ -228,8 +238,6 @@ class Model:
         max_tokens = options.max_tokens
         if max_tokens is None:
             max_tokens = self.defaults.max_new_tokens or budget
-        if max_tokens < 0:
-            raise InvalidOptionsError("max_tokens must be >= 0")
         max_tokens = min(max_tokens, budget)
         sampler = Sampler(self._sampling(options), self._vocab_rows(), prompt)
         if max_tokens == 0:
@@ -322,8 +330,6 @@ class Model:
     def _context_limit(self, options: GenerationOptions) -> int:
         limit = self.signature.context_length
         if options.context_limit is not None:
-            if options.context_limit <= 0:
-                raise InvalidOptionsError("context_limit must be positive")
             limit = min(limit, options.context_limit)
         return limit
 
@@ -339,24 +345,6 @@ class Model:
         top_k = o.top_k if o.top_k is not None else (d.top_k if sampled else 0)
         min_p = o.min_p if o.min_p is not None else (d.min_p if sampled else 0.0)
         rep = o.repetition_penalty if o.repetition_penalty is not None else d.repetition_penalty
-        if temperature < 0:
-            raise InvalidOptionsError("temperature must be >= 0 (0 means greedy)")
-        if not 0.0 < top_p <= 1.0:
-            raise InvalidOptionsError("top_p must be in (0, 1]")
-        if top_k < 0:
-            raise InvalidOptionsError("top_k must be >= 0 (0 disables it)")
-        if not 0.0 <= min_p <= 1.0:
-            raise InvalidOptionsError("min_p must be in [0, 1]")
-        if rep <= 0:
-            raise InvalidOptionsError("repetition_penalty must be > 0")
-        if o.logprobs is not None and not 0 <= o.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidOptionsError(
-                f"logprobs must be between 0 and {MAX_TOP_LOGPROBS} (alternatives a token)"
-            )
-        vocab = self._vocab_rows()
-        for token_id in o.logit_bias:
-            if not 0 <= int(token_id) < vocab:
-                raise InvalidOptionsError(f"logit_bias names token {token_id}, outside 0..{vocab - 1}")
         return SamplingParams(
             temperature=temperature,
             top_p=top_p,

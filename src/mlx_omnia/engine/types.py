@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired, TypedDict
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from types import UnionType
+from typing import Any, Literal, NotRequired, TypedDict, cast
+
+from mlx_omnia.engine.errors import InvalidOptionsError
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -39,28 +45,209 @@ class Chat:
     continue_final: bool = False
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives a token (OpenAI's top_logprobs bound)
+MAX_SEED = 2**64 - 1  # seeds are unsigned 64-bit (mx.random.key)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What an option's values may be: numbers at least `ge`, above `gt`, at most `le`; at most
+    `max_items` items in a list or mapping; no empty string (`nonempty`). In a list or a mapping
+    they bound each item or value."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    max_items: int | None = None
+    nonempty: bool = False
+
+    def within(self, other: Bounds) -> Bounds:
+        """The values both allow."""
+        lows = [(b, False) for b in (self.ge, other.ge) if b is not None]
+        lows += [(b, True) for b in (self.gt, other.gt) if b is not None]
+        low, above = max(lows) if lows else (None, False)  # at equal values, `gt` is tighter
+        items = [n for n in (self.max_items, other.max_items) if n is not None]
+        return Bounds(
+            ge=None if above else low,
+            gt=low if above else None,
+            le=min((b for b in (self.le, other.le) if b is not None), default=None),
+            max_items=min(items, default=None),
+            nonempty=self.nonempty or other.nonempty,
+        )
+
+
+def _option(
+    *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+    token_ids: bool = False,
+) -> dict[str, Any]:
+    """A GenerationOptions field's metadata: the bounds of its values; `token_ids`: the items (or
+    keys) are token ids, bounded by the model's vocabulary."""
+    return {"bounds": Bounds(ge=ge, gt=gt, le=le), "token_ids": token_ids}
+
+
 @dataclass(frozen=True, kw_only=True)
 class GenerationOptions:
     """How to generate. A field left as None takes the checkpoint's generation_config.json default,
-    then the engine's default (greedy for temperature only when the checkpoint says nothing)."""
+    then the engine's default (greedy for temperature only when the checkpoint says nothing).
 
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    Each field's type and metadata say what it takes; a model's Signature is derived from them."""
+
+    max_tokens: int | None = field(default=None, metadata=_option(ge=0))
+    temperature: float | None = field(default=None, metadata=_option(ge=0.0))  # 0: greedy
+    top_p: float | None = field(default=None, metadata=_option(gt=0.0, le=1.0))
+    top_k: int | None = field(default=None, metadata=_option(ge=0))  # 0: no top-k
+    min_p: float | None = field(default=None, metadata=_option(ge=0.0, le=1.0))
+    repetition_penalty: float | None = field(default=None, metadata=_option(gt=0.0))
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: Mapping[int, float] = field(default_factory=lambda: dict[int, float]())
+    logit_bias: Mapping[int, float] = field(
+        default_factory=lambda: dict[int, float](), metadata=_option(token_ids=True)
+    )
     stop: Sequence[str] = ()
-    stop_token_ids: Sequence[int] = ()
-    seed: int | None = None
-    context_limit: int | None = None
+    stop_token_ids: Sequence[int] = field(default=(), metadata=_option(token_ids=True))
+    seed: int | None = field(default=None, metadata=_option(ge=0, le=MAX_SEED))
+    context_limit: int | None = field(default=None, metadata=_option(gt=0))
     # None: no log-probabilities; n (0-20): each generated token's log-probability under the
     # model (log-softmax of its logits, before biases, penalties and temperature) and the n
     # likeliest tokens' (Piece.logprobs).
-    logprobs: int | None = None
+    logprobs: int | None = field(default=None, metadata=_option(ge=0, le=MAX_TOP_LOGPROBS))
+
+
+_NOUNS: dict[type, str] = {int: "integer", float: "finite number", str: "string"}
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """What one generation option takes: a value of `type`, a list of them (`sequence`) or token
+    ids mapped to them (`mapping`), within `bounds`; token ids (`token_ids`: the list's items,
+    the mapping's keys) from 0 to `vocab_size` - 1 when that is known."""
+
+    name: str
+    type: type
+    shape: Literal["value", "sequence", "mapping"] = "value"
+    bounds: Bounds = Bounds()
+    token_ids: bool = False
+    vocab_size: int | None = None
+
+    def within(self, bounds: Bounds) -> OptionSpec:
+        """This option under tighter bounds (an API's own limits)."""
+        return replace(self, bounds=self.bounds.within(bounds))
+
+    def check(self, value: object) -> None:
+        """Raise InvalidOptionsError naming this option unless it takes `value`."""
+        if self.shape == "value":
+            self._value(value, "")
+            return
+        container = Mapping if self.shape == "mapping" else Sequence
+        if not isinstance(value, container) or isinstance(value, str):
+            raise self._error(self._kind())
+        items = cast(Sequence[object] | Mapping[object, object], value)
+        if self.bounds.max_items is not None and len(items) > self.bounds.max_items:
+            raise self._error(f"must hold at most {self.bounds.max_items} values")
+        if isinstance(items, Mapping):
+            for key, item in items.items():
+                self._token(key)
+                self._value(item, "values ", f" (token {key} has {item!r})")
+            return
+        for item in items:
+            if self.token_ids:
+                self._token(item)
+            else:
+                self._value(item, "items ")
+
+    def _value(self, value: object, whose: str, which: str = "") -> None:
+        if not self._is_type(value):
+            raise self._error(self._kind())
+        b = self.bounds
+        if isinstance(value, str):
+            if b.nonempty and not value:
+                raise self._error("must not hold an empty string" if whose else "must not be empty")
+            return
+        x = cast(float, value)
+        if (
+            (b.ge is not None and x < b.ge)
+            or (b.gt is not None and x <= b.gt)
+            or (b.le is not None and x > b.le)
+        ):
+            raise self._error(f"{whose}must be {self._range()}{which}")
+
+    def _is_type(self, value: object) -> bool:
+        if self.type is str:
+            return isinstance(value, str)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return False
+        if self.type is int:
+            return isinstance(value, numbers.Integral)
+        return math.isfinite(value)
+
+    def _token(self, key: object) -> None:
+        if isinstance(key, bool) or not isinstance(key, numbers.Integral):
+            raise self._error(self._kind())
+        top = self.vocab_size
+        if int(key) < 0 or (top is not None and int(key) >= top):
+            raise self._error(f"names token {key}, outside 0..{'' if top is None else top - 1}")
+
+    def _kind(self) -> str:
+        noun = _NOUNS[self.type]
+        if self.shape == "sequence":
+            return f"must be a list of {'token ids' if self.token_ids else noun + 's'}"
+        if self.shape == "mapping":
+            return f"must map token ids to {noun}s"
+        return f"must be {'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+    def _range(self) -> str:
+        b = self.bounds
+        low = b.gt if b.gt is not None else b.ge
+        if low is not None and b.le is not None:
+            if self.type is int and b.gt is None:
+                return f"between {_num(low)} and {_num(b.le)}"
+            return f"in {'(' if b.gt is not None else '['}{_num(low)}, {_num(b.le)}]"
+        if low is not None:
+            return f"{'>' if b.gt is not None else '>='} {_num(low)}"
+        return f"<= {_num(b.le or 0)}"
+
+    def _error(self, reason: str) -> InvalidOptionsError:
+        return InvalidOptionsError(f"{self.name} {reason}", option=self.name, reason=reason)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+
+
+def _spec(f: Field[Any], hint: object, vocab_size: int | None) -> OptionSpec:
+    if isinstance(hint, UnionType):  # `X | None`: None is the field's "not set"
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    shape: Literal["value", "sequence", "mapping"] = "value"
+    kind: object = hint
+    if origin is Mapping:
+        shape, kind = "mapping", args[1]
+    elif origin is Sequence:
+        shape, kind = "sequence", args[0]
+    assert kind in _NOUNS, f"GenerationOptions.{f.name}: a type the option specs cannot check"
+    return OptionSpec(
+        f.name,
+        cast(type, kind),
+        shape,
+        f.metadata.get("bounds", Bounds()),
+        bool(f.metadata.get("token_ids", False)),
+        vocab_size,
+    )
+
+
+def generation_options(vocab_size: int | None = None) -> dict[str, OptionSpec]:
+    """Every GenerationOptions field's spec, from its type and metadata; token ids bounded by
+    `vocab_size` when given (a model's Signature), else only by 0."""
+    hints = typing.get_type_hints(GenerationOptions)
+    return {f.name: _spec(f, hints[f.name], vocab_size) for f in fields(GenerationOptions)}
+
+
+def _unset(f: Field[Any], value: object) -> bool:
+    default: object = f.default
+    if f.default_factory is not MISSING:
+        default = f.default_factory()
+    empty = isinstance(value, Sequence | Mapping) and not isinstance(value, str) and not value
+    return value is None or empty or value == default
 
 
 FinishReason = Literal["stop", "length"]
@@ -130,30 +317,25 @@ OutputType = Literal["text"]
 
 @dataclass(frozen=True)
 class Signature:
-    """What a model takes and gives: input content types, outputs and the options it honours.
+    """What a model takes and gives: input content types, outputs and the options it honours
+    (each GenerationOptions field's spec, see `generation_options`).
 
     Loading, scheduling and serving work from this alone (design rule 1)."""
 
     inputs: frozenset[ContentType]
     outputs: frozenset[OutputType]
-    options: frozenset[str]
+    options: Mapping[str, OptionSpec]
     context_length: int
 
-
-TEXT_GENERATION_OPTIONS: frozenset[str] = frozenset(
-    {
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "stop",
-        "stop_token_ids",
-        "seed",
-        "context_limit",
-    }
-)
+    def check(self, options: GenerationOptions) -> None:
+        """Raise InvalidOptionsError naming the first option set to something this model does not
+        take: a value out of its spec, or an option it does not honour."""
+        for f in fields(options):
+            value = getattr(options, f.name)
+            if _unset(f, value):
+                continue
+            spec = self.options.get(f.name)
+            if spec is None:
+                reason = "is not supported by this model"
+                raise InvalidOptionsError(f"{f.name} {reason}", option=f.name, reason=reason)
+            spec.check(value)
