@@ -316,29 +316,42 @@ def reference_model(path: Path, quantize: dict[str, int] | None) -> Any:
         del os.environ["OMNIA_REFERENCE_KERNELS"]
 
 
-def assert_greedy_agrees(fast: Any, ref: Any, prompt: str, steps: int = 128) -> None:
-    """The issue's agreement criterion, teacher-forced on the reference's greedy tokens: at each
-    step the kernel path's argmax equals the reference's, except where the reference's top-2
-    logit margin is below the measured noise (the largest |logit difference| between the two
-    paths over the run); and those near-ties stay rare."""
+def greedy_tolerance(quantize: dict[str, int] | None) -> float:
+    """The bench's gate (docs/benchmarks.md, "The gate"), fixed per dtype and format, never
+    measured from the two paths it judges: bf16 6.25 % of the largest |logit|, 4-bit 12.5 %."""
+    from mlx_omnia.bench.main import gate_tolerance
+
+    return gate_tolerance("bfloat16", quantized=quantize is not None, backend="cuda")
+
+
+def assert_greedy_agrees(
+    fast: Any, ref: Any, prompt: str, tolerance: float, steps: int = 128
+) -> None:
+    """Teacher-forced on the reference's greedy tokens: at each step the two paths' logits
+    differ by at most `tolerance` of the reference's largest |logit|, and their argmaxes agree
+    except at near-ties (the reference's top-2 margin within twice the tolerance), which stay
+    rare."""
     ids = fast.encode(prompt)
     a, b = fast.decoding(), ref.decoding()
     la, lb = a.feed(ids), b.feed(ids)
     flips: list[tuple[int, float]] = []
-    noise = 0.0
+    worst = 0.0
     for step in range(steps):
         mx.eval(la, lb, a.state(), b.state())
         fa = np.array(la[-1].astype(mx.float32))
         fb = np.array(lb[-1].astype(mx.float32))
         assert np.isfinite(fa).all()
-        noise = max(noise, float(np.abs(fa - fb).max()))
+        scale = max(float(np.abs(fb).max()), 1e-6)
+        worst = max(worst, float(np.abs(fa - fb).max()) / scale)
         token = int(fb.argmax())
         if int(fa.argmax()) != token:
             top2 = np.sort(fb)[-2:]
-            flips.append((step, float(top2[1] - top2[0])))
+            flips.append((step, float(top2[1] - top2[0]) / scale))
         la, lb = a.feed([token]), b.feed([token])
-    print(f"greedy agreement: {steps - len(flips)}/{steps}, noise {noise:.4f}, flips {flips}")
-    assert all(margin <= noise for _, margin in flips), (noise, flips)
+    print(f"greedy agreement: {steps - len(flips)}/{steps}, worst {worst:.4f} of the largest "
+          f"logit (tolerance {tolerance:.4f}), flips {flips}")
+    assert worst <= tolerance, (worst, tolerance)
+    assert all(margin <= 2 * tolerance for _, margin in flips), (tolerance, flips)
     assert len(flips) <= steps // 8, flips
 
 
@@ -347,11 +360,11 @@ def test_small_model_greedy_tokens_agree_with_the_reference(
     tmp_path: Path, quantize: dict[str, int] | None
 ) -> None:
     """A whole model whose every declaration binds a kernel, decoding through the compiled
-    kernel step: greedy tokens agree with the core path's (assert_greedy_agrees), and the logits
-    are no further from the core path on the GPU than MLX's core path on the CPU is (bf16: also
-    within 2 % of the largest logit). Measured on the H200 (scripts/h200_agree.py, 2026-12-03,
-    worst of 32 steps): kernel vs core 1.4 % (bf16) and 3.0 % (4-bit g64), where MLX's CPU and
-    GPU core paths differ by 3.5 % and 23.6 %."""
+    kernel step: greedy tokens agree with the core path's (assert_greedy_agrees), and on the
+    prompt and three steps the logits stay within the fixed tolerance of the core path's (bf16:
+    also within 2 % of the largest logit). Measured on the H200 (scripts/h200_agree.py,
+    2026-12-03, worst of 32 steps): kernel vs core 1.4 % (bf16) and 3.0 % (4-bit g64); MLX's
+    own CPU and GPU core paths differ by 3.5 % and 23.6 % (printed, not a bound)."""
 
     from mlx_omnia import load
     from tests.fixtures.tiny import write_tiny_llama
@@ -363,7 +376,7 @@ def test_small_model_greedy_tokens_agree_with_the_reference(
     assert kinds == {"qmv_cuda", "attention_step_cuda", "chained_qmv_cuda", "core"}, kinds
     ref = reference_model(path, quantize)
     assert set(ref.bindings().values()) == {"core"}
-    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
+    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over", greedy_tolerance(quantize))
     gpu = mx.default_device()
     mx.set_default_device(mx.cpu)
     try:
@@ -388,7 +401,7 @@ def test_small_model_greedy_tokens_agree_with_the_reference(
         kernel_err.append(rel_err(la, lb))
         backend_err.append(rel_err(lc[-1:], lb))
     print(f"kernel vs core {max(kernel_err):.4f}, CPU core vs GPU core {max(backend_err):.4f}")
-    assert max(kernel_err) <= max(backend_err)
+    assert max(kernel_err) <= greedy_tolerance(quantize)
     if quantize is None:
         assert max(kernel_err) <= 0.02
 
@@ -882,7 +895,7 @@ def test_qwen3_model_greedy_tokens_agree_with_the_reference(
     kinds = set(fast.bindings().values())
     assert {"qmv_cuda", "attention_step_cuda", "chained_qmv_cuda", "project_attend_cuda"} <= kinds, kinds
     ref = reference_model(path, quantize)
-    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
+    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over", greedy_tolerance(quantize))
 
 
 @pytest.mark.parametrize("route_experts", [False, True], ids=["pairs", "route_experts"])
@@ -910,4 +923,4 @@ def test_moe_model_greedy_tokens_agree_with_the_reference(
             "experts_chain_cuda", "project_route_cuda", "project_attend_cuda"} <= kinds, kinds
     assert ("route_experts_cuda" in kinds) == route_experts, kinds
     ref = reference_model(path, quantize)
-    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over")
+    assert_greedy_agrees(fast, ref, "the quick brown fox jumps over", greedy_tolerance(quantize))
