@@ -147,7 +147,7 @@ class OptionSpec:
         if isinstance(items, Mapping):
             for key, item in items.items():
                 self._token(key)
-                self._value(item, "values ", f" (token {key} has {item!r})")
+                self._value(item, "values ", key)
             return
         for item in items:
             if self.token_ids:
@@ -155,7 +155,7 @@ class OptionSpec:
             else:
                 self._value(item, "items ")
 
-    def _value(self, value: object, whose: str, which: str = "") -> None:
+    def _value(self, value: object, whose: str, key: object = None) -> None:
         if not self._is_type(value):
             raise self._error(self._kind())
         b = self.bounds
@@ -169,6 +169,7 @@ class OptionSpec:
             or (b.gt is not None and x <= b.gt)
             or (b.le is not None and x > b.le)
         ):
+            which = "" if key is None else f" (token {key} has {_num(x)})"
             raise self._error(f"{whose}must be {self._range()}{which}")
 
     def _is_type(self, value: object) -> bool:

@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -83,7 +83,7 @@ class Scheduler:
             self._stopping = True
             self._cv.notify_all()
 
-    async def stream(self, job: Job) -> AsyncIterator[Piece]:
+    async def stream(self, job: Job) -> AsyncGenerator[Piece, None]:
         """Submit `job` and yield its pieces; leaving early (client gone) cancels it."""
         self.submit(job)
         try:

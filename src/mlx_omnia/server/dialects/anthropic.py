@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Literal, cast
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict
 
-from mlx_omnia import Chat, ChatMessage, GenerationOptions, OmniaError, Piece
+from mlx_omnia import Bounds, Chat, ChatMessage, Piece
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import new_id, refuse_unknown, sse
-from mlx_omnia.server.dialects.errors import error_body, from_engine
+from mlx_omnia.server.dialects.errors import error_body
+from mlx_omnia.server.dialects.generation import Options
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
@@ -33,6 +34,12 @@ HARMLESS = (
 # Keys of a text content block that cannot change the output.
 TEXT_BLOCK_KEYS = frozenset({"type", "text", "cache_control", "citations"})
 EPOCH = "1970-01-01T00:00:00Z"
+# Anthropic's own bounds, tighter than the engine's.
+LIMITS = {
+    "max_tokens": Bounds(ge=1),
+    "temperature": Bounds(le=1.0),
+    "stop": Bounds(nonempty=True),
+}
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
 
@@ -53,11 +60,11 @@ class CountTokensRequest(_Strict):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1)
+    max_tokens: int
     stop_sequences: list[str] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
 
@@ -160,20 +167,14 @@ def chat_of(body: CountTokensRequest) -> Chat:
     return Chat(tuple(out), continue_final=prefill)
 
 
-def options_of(body: MessagesRequest) -> GenerationOptions:
-    stops = list(body.stop_sequences or [])
-    for k, stop in enumerate(stops):
-        if not stop:
-            raise ApiError(
-                "invalid_request", f"stop_sequences.{k}: must not be empty", "stop_sequences"
-            )
-    return GenerationOptions(
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        stop=stops,
-    )
+def options_of(body: MessagesRequest) -> Options:
+    options = Options(LIMITS)
+    options.set("max_tokens", body.max_tokens)
+    options.set("temperature", body.temperature)
+    options.set("top_p", body.top_p)
+    options.set("top_k", body.top_k)
+    options.set("stop", body.stop_sequences, "stop_sequences")
+    return options
 
 
 # -- engine -> response --------------------------------------------------------------------------
@@ -218,21 +219,17 @@ async def _count(state: ServerState, model_id: str, chat: Chat) -> int:
     return await state.with_model(model_id, lambda model: len(model.encode(chat)))
 
 
-def _as_api_error(e: ApiError | OmniaError) -> ApiError:
-    return e if isinstance(e, ApiError) else from_engine(e)
-
-
 @router.post("/messages", response_model=None)
 async def messages(request: Request, body: MessagesRequest) -> JSONResponse | StreamingResponse:
     refuse_unknown(body, HARMLESS)
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
     chat = chat_of(body)
-    job = state.job(model_id, chat, options_of(body))
+    generation = options_of(body).generation(model_id, chat, "messages")
     mid = new_id("msg_")
     headers = {"request-id": new_id("req_")}
     if not body.stream:
-        pieces = await state.scheduler.run(job)
+        pieces = await generation.run(state)
         last = pieces[-1]
         assert last.usage is not None
         stop, stop_sequence = stop_of(last)
@@ -249,12 +246,10 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
             headers=headers,
         )
 
-    stream = cast(AsyncGenerator[Piece, None], state.scheduler.stream(job))
-    # Start now so that model and option errors answer with a status, not a broken stream.
-    try:
-        first = await anext(stream)
-    except StopAsyncIteration:
-        raise ApiError("internal", "generation produced no output") from None
+    stream = await generation.stream(state)
+    first = stream.first
+    if first is None:
+        raise ApiError("internal", "generation produced no output")
     input_tokens = first.usage.prompt_tokens if first.usage else await _count(state, model_id, chat)
 
     async def events() -> AsyncIterator[str]:
@@ -274,9 +269,8 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
             "content_block_start",
         )
         yield sse({"type": "ping"}, "ping")
-        piece: Piece | None = first
         try:
-            while piece is not None:
+            async for piece in stream:
                 if piece.text:
                     yield sse(
                         {
@@ -302,17 +296,12 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
                     )
                     yield sse({"type": "message_stop"}, "message_stop")
                     return
-                piece = await anext(stream, None)
             yield sse(
                 error_body("anthropic", ApiError("internal", "generation ended without a finish")),
                 "error",
             )
-        except (ApiError, OmniaError) as e:
-            yield sse(error_body("anthropic", _as_api_error(e)), "error")
         except Exception as e:  # never leave a client hanging on a broken stream
-            yield sse(
-                error_body("anthropic", ApiError("internal", f"generation failed: {e}")), "error"
-            )
+            yield sse(error_body("anthropic", stream.error(e)), "error")
         finally:
             await stream.aclose()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from fastapi.responses import JSONResponse
@@ -63,12 +64,18 @@ def dialect_of(path: str) -> Dialect:
     return "native"
 
 
-def from_engine(error: OmniaError) -> ApiError:
-    """Map an engine error to the HTTP layer's kinds."""
+def from_engine(
+    error: OmniaError, input_field: str = "messages", names: Mapping[str, str] | None = None
+) -> ApiError:
+    """Map an engine error to the HTTP layer's kinds. `input_field` is where the request put its
+    input, `names` its name for each option (GenerationOptions field): errors say those."""
     if isinstance(error, ModelNotFoundError):
         return ApiError("not_found", str(error), "model")
     if isinstance(error, ContextLengthError):
-        return ApiError("invalid_request", str(error), "messages")
+        return ApiError("invalid_request", str(error), input_field)
+    if isinstance(error, InvalidOptionsError) and error.option is not None:
+        name = (names or {}).get(error.option, error.option)
+        return ApiError("invalid_request", f"{name} {error.reason}", name)
     if isinstance(error, InvalidOptionsError | ChatTemplateError | TokenizerError):
         return ApiError("invalid_request", str(error))
     if isinstance(error, CheckpointError | UnsupportedModelError):

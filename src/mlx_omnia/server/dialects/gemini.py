@@ -20,9 +20,10 @@ from typing import Any, Literal, TypeVar, cast
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from mlx_omnia import Chat, ChatMessage, GenerationOptions, Model, OmniaError, Piece, TokenLogprob
+from mlx_omnia import Bounds, Chat, ChatMessage, Model, TokenLogprob
 from mlx_omnia.server.dialects.common import sse
-from mlx_omnia.server.dialects.errors import error_body, from_engine
+from mlx_omnia.server.dialects.errors import error_body
+from mlx_omnia.server.dialects.generation import Options, Stream
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
@@ -40,8 +41,16 @@ MEDIA_PARTS = frozenset(
     {"inlineData", "fileData", "functionCall", "functionResponse", "executableCode",
      "codeExecutionResult", "videoMetadata", "toolCall", "toolResponse"}
 )
-MAX_STOP_SEQUENCES = 5
-MAX_TOP_LOGPROBS = 20  # generationConfig.logprobs
+# Gemini's own bounds, tighter than the engine's.
+LIMITS = {"max_tokens": Bounds(ge=1), "stop": Bounds(max_items=5, nonempty=True)}
+# generationConfig's fields that are GenerationOptions fields: numbers, integers.
+NUMBERS = {
+    "temperature": "temperature",
+    "topP": "top_p",
+    "presencePenalty": "presence_penalty",
+    "frequencyPenalty": "frequency_penalty",
+}
+INTEGERS = {"topK": "top_k", "maxOutputTokens": "max_tokens", "seed": "seed"}
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 
@@ -187,36 +196,19 @@ def _thinking_off(value: object, where: str) -> None:
         raise _bad(f"{where}: thinking is not supported by this model", where)
 
 
-def options_of(value: object) -> GenerationOptions:
+def options_of(value: object) -> Options:
     where = "generationConfig"
     cfg = _obj(value, where)
-    stop: list[str] = []
-    kw: dict[str, Any] = {}
+    options = Options(LIMITS)
     want_logprobs, top = False, None
     for key, v in cfg.items():
         at = f"{where}.{key}"
-        if key == "temperature":
-            kw["temperature"] = _float(v, at)
-        elif key == "topP":
-            kw["top_p"] = _float(v, at)
-        elif key == "topK":
-            kw["top_k"] = _int(v, at)
-        elif key == "maxOutputTokens":
-            kw["max_tokens"] = _int(v, at)
-            if kw["max_tokens"] < 1:
-                raise _bad(f"{at} must be at least 1", at)
-        elif key == "seed":
-            kw["seed"] = _int(v, at)
-        elif key == "presencePenalty":
-            kw["presence_penalty"] = _float(v, at)
-        elif key == "frequencyPenalty":
-            kw["frequency_penalty"] = _float(v, at)
+        if key in NUMBERS:
+            options.set(NUMBERS[key], _float(v, at), at)
+        elif key in INTEGERS:
+            options.set(INTEGERS[key], _int(v, at), at)
         elif key == "stopSequences":
-            stop = [_str(s, f"{at}[{i}]") for i, s in enumerate(_list(v, at))]
-            if len(stop) > MAX_STOP_SEQUENCES:
-                raise _bad(f"{at}: at most {MAX_STOP_SEQUENCES} stop sequences", at)
-            if any(s == "" for s in stop):
-                raise _bad(f"{at}: stop sequences must not be empty", at)
+            options.set("stop", [_str(s, f"{at}[{i}]") for i, s in enumerate(_list(v, at))], at)
         elif key == "candidateCount":
             if _int(v, at) != 1:
                 raise _bad(f"{at}: only candidateCount 1 is supported", at)
@@ -233,8 +225,6 @@ def options_of(value: object) -> GenerationOptions:
             want_logprobs = v
         elif key == "logprobs":
             top = _int(v, at)
-            if not 0 <= top <= MAX_TOP_LOGPROBS:
-                raise _bad(f"{at} must be between 0 and {MAX_TOP_LOGPROBS}", at)
         elif key in ("enableEnhancedCivicAnswers", "audioTimestamp"):
             if v is not False:
                 raise _bad(f"{at} is not supported by this server", at)
@@ -247,14 +237,14 @@ def options_of(value: object) -> GenerationOptions:
         at = f"{where}.logprobs"
         raise _bad(f"{at} is only valid when responseLogprobs is true", at)
     if want_logprobs:
-        kw["logprobs"] = top or 0
-    return GenerationOptions(stop=stop, **kw)
+        options.set("logprobs", top or 0, f"{where}.logprobs")
+    return options
 
 
 @dataclass(frozen=True)
 class Parsed:
     chat: Chat
-    options: GenerationOptions
+    options: Options
 
 
 def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
@@ -271,6 +261,7 @@ def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
     try:
         chat = chat_of(body)
         options = options_of(body.get("generationConfig", {}))
+        options.checked()
     except ApiError as e:
         if where and e.param:
             e.message, e.param = f"in {where}: {e.message}", f"{where}.{e.param}"
@@ -424,14 +415,14 @@ async def model_method(request: Request, rest: str) -> JSONResponse | StreamingR
     if method == "countTokens":
         return await _count_tokens(state, model_id, body)
     parsed = parse_generate(body)
-    job = state.job(model_id, parsed.chat, parsed.options)
+    generation = parsed.options.generation(model_id, parsed.chat, "contents")
+    wants = generation.options.logprobs is not None
     rid = uuid.uuid4().hex
     if method == "generateContent":
-        pieces = await state.scheduler.run(job)
+        pieces = await generation.run(state)
         last = pieces[-1]
         usage = last.usage
         assert usage is not None
-        wants = parsed.options.logprobs is not None
         return JSONResponse(_response(
             "".join(p.text for p in pieces), last.finish_reason,
             _usage(usage.prompt_tokens, usage.completion_tokens), model_id, rid,
@@ -440,20 +431,16 @@ async def model_method(request: Request, rest: str) -> JSONResponse | StreamingR
     alt = request.query_params.get("alt", "json")
     if alt not in ("sse", "json"):
         raise _bad(f"alt={alt!r} is not supported (use 'sse' or 'json')", "alt")
-    stream = state.scheduler.stream(job)
-    # Start now so that model and option errors answer with a status, not a broken stream.
-    first = await _first(stream)
+    stream = await generation.stream(state)
     framing: Literal["sse", "json"] = "sse" if alt == "sse" else "json"
-    wants = parsed.options.logprobs is not None
     return StreamingResponse(
-        _events(stream, first, model_id, rid, framing, wants),
+        _events(stream, model_id, rid, framing, wants),
         media_type="text/event-stream" if framing == "sse" else "application/json",
     )
 
 
 async def _events(
-    stream: AsyncIterator[Piece], first: Piece | None, model_id: str, rid: str,
-    framing: Literal["sse", "json"], logprobs: bool = False,
+    stream: Stream, model_id: str, rid: str, framing: Literal["sse", "json"], logprobs: bool = False
 ) -> AsyncIterator[str]:
     count = 0
 
@@ -465,9 +452,8 @@ async def _events(
         head = "[" if count == 1 else ",\r\n"
         return head + json.dumps(data, separators=(",", ":"))
 
-    piece = first
     try:
-        while piece is not None:
+        async for piece in stream:
             probs = piece.logprobs if logprobs else None
             if piece.finish_reason is not None:
                 u = piece.usage
@@ -477,21 +463,12 @@ async def _events(
                 )
             elif piece.text:
                 yield frame(_response(piece.text, None, None, model_id, rid, probs))
-            piece = await anext(stream, None)
-    except (ApiError, OmniaError) as e:
-        err = e if isinstance(e, ApiError) else from_engine(e)
-        yield frame(error_body("gemini", err))
+    except Exception as e:  # never leave a client hanging on a broken stream
+        yield frame(error_body("gemini", stream.error(e)))
     finally:
-        await cast(Any, stream).aclose()
+        await stream.aclose()
     if framing == "json":
         yield "[]" if count == 0 else "]"
-
-
-async def _first(stream: AsyncIterator[Piece]) -> Piece | None:
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        return None
 
 
 async def _count_tokens(state: ServerState, model_id: str, body: dict[str, Any]) -> JSONResponse:

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from mlx_omnia import (
-    Chat,
-    ChatMessage,
-    ContextLengthError,
-    GenerationOptions,
-    OmniaError,
-    Piece,
-    TokenLogprob,
-)
+from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TokenLogprob
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import new_id, now, refuse_unknown, sse
-from mlx_omnia.server.dialects.errors import error_body, from_engine
+from mlx_omnia.server.dialects.errors import error_body
+from mlx_omnia.server.dialects.generation import Options
 from mlx_omnia.server.errors import ApiError
-from mlx_omnia.server.scheduler import Job
 from mlx_omnia.server.state import ServerState, state_of
 
 router = APIRouter()
@@ -42,9 +34,18 @@ RESPONSES_HARMLESS = (*HARMLESS, "stream_options", "max_tool_calls", "background
 
 # Legacy completions answer at most this many tokens when max_tokens is not given (as OpenAI's do).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-# Alternatives a token: chat's top_logprobs, legacy completions' logprobs (OpenAI's bounds).
-MAX_TOP_LOGPROBS = 20
-MAX_COMPLETION_LOGPROBS = 5
+# OpenAI's own bounds, tighter than the engine's (logprobs: alternatives a token, chat's
+# top_logprobs; legacy completions take 5 at most).
+LIMITS = {
+    "max_tokens": Bounds(ge=1),
+    "temperature": Bounds(le=2.0),
+    "presence_penalty": Bounds(ge=-2.0, le=2.0),
+    "frequency_penalty": Bounds(ge=-2.0, le=2.0),
+    "logit_bias": Bounds(ge=-100.0, le=100.0),
+    "stop": Bounds(max_items=4, nonempty=True),
+    "logprobs": Bounds(le=20),
+}
+COMPLETIONS_LIMITS = {**LIMITS, "logprobs": Bounds(le=5)}
 
 
 def _refuse_unknown(body: BaseModel, harmless: tuple[str, ...]) -> None:
@@ -115,23 +116,8 @@ class ResponsesRequest(Body):
     top_logprobs: StrictInt | None = None
 
 
-# -- validation shared by the routes ---------------------------------------------------------
-def _ranges(temperature: float | None, top_p: float | None) -> None:
-    if temperature is not None and not 0.0 <= temperature <= 2.0:
-        raise ApiError("invalid_request", "temperature must be between 0 and 2", "temperature")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ApiError("invalid_request", "top_p must be greater than 0 and at most 1", "top_p")
-
-
-def _max_tokens(value: int | None, field: str) -> int | None:
-    if value is not None and value < 1:
-        raise ApiError("invalid_request", f"{field} must be at least 1", field)
-    return value
-
-
-def _sampling_options(
-    body: Sampling, max_tokens: int | None, max_field: str, logprobs: int | None = None
-) -> GenerationOptions:
+# -- options shared by the routes ------------------------------------------------------------
+def _sampling_options(body: Sampling, limits: dict[str, Bounds]) -> Options:
     if body.n not in (None, 1):
         raise ApiError("invalid_request", "only n=1 is supported", "n")
     if body.stream_options is not None and not body.stream:
@@ -140,38 +126,22 @@ def _sampling_options(
             "stream_options is only allowed when stream is true",
             "stream_options",
         )
-    _ranges(body.temperature, body.top_p)
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(body, name)
-        if value is not None and not -2.0 <= value <= 2.0:
-            raise ApiError("invalid_request", f"{name} must be between -2 and 2", name)
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(stop) > 4:
-        raise ApiError("invalid_request", "at most 4 stop sequences", "stop")
-    if any(s == "" for s in stop):
-        raise ApiError("invalid_request", "stop sequences must not be empty", "stop")
     bias: dict[int, float] = {}
     for key, value in (body.logit_bias or {}).items():
         if not key.isdigit():
             raise ApiError(
                 "invalid_request", f"logit_bias key {key!r} is not a token id", "logit_bias"
             )
-        if not -100.0 <= value <= 100.0:
-            raise ApiError(
-                "invalid_request", f"logit_bias[{key}] must be between -100 and 100", "logit_bias"
-            )
         bias[int(key)] = value
-    return GenerationOptions(
-        max_tokens=_max_tokens(max_tokens, max_field),
-        temperature=body.temperature,
-        top_p=body.top_p,
-        stop=stop,
-        seed=body.seed,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        logit_bias=bias,
-        logprobs=logprobs,
-    )
+    options = Options(limits)
+    options.set("temperature", body.temperature)
+    options.set("top_p", body.top_p)
+    options.set("stop", [body.stop] if isinstance(body.stop, str) else body.stop)
+    options.set("seed", body.seed)
+    options.set("presence_penalty", body.presence_penalty)
+    options.set("frequency_penalty", body.frequency_penalty)
+    options.set("logit_bias", bias)
+    return options
 
 
 def token_text(raw: bytes) -> str:
@@ -213,50 +183,6 @@ def completion_logprobs(entries: tuple[TokenLogprob, ...], offset: int) -> dict[
         "top_logprobs": [{token_text(t.token_bytes): t.logprob for t in e.top} for e in entries],
         "text_offset": offsets,
     }
-
-
-def _engine_error(error: OmniaError, input_field: str) -> ApiError:
-    err = from_engine(error)
-    if isinstance(error, ContextLengthError):
-        err.param = input_field
-    return err
-
-
-async def _generate(state: ServerState, job: Job, input_field: str) -> list[Piece]:
-    try:
-        return await state.scheduler.run(job)
-    except OmniaError as e:
-        raise _engine_error(e, input_field) from e
-
-
-async def _open(
-    state: ServerState, job: Job, input_field: str
-) -> tuple[Piece | None, AsyncIterator[Piece]]:
-    """Start a stream and wait for its first piece, so that model, input and option errors answer
-    with a status instead of a broken stream."""
-    stream = state.scheduler.stream(job)
-    try:
-        first = await anext(stream)
-    except StopAsyncIteration:
-        return None, stream
-    except OmniaError as e:
-        raise _engine_error(e, input_field) from e
-    return first, stream
-
-
-async def _pieces(first: Piece | None, stream: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
-    piece = first
-    while piece is not None:
-        yield piece
-        piece = await anext(stream, None)
-
-
-def _stream_error(error: Exception, input_field: str) -> ApiError:
-    if isinstance(error, ApiError):
-        return error
-    if isinstance(error, OmniaError):
-        return _engine_error(error, input_field)
-    return ApiError("internal", f"generation failed: {error}")
 
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
@@ -336,19 +262,9 @@ def chat_of(messages: list[dict[str, Any]]) -> Chat:
     return Chat(tuple(out))
 
 
-def options_of(body: ChatCompletionRequest) -> GenerationOptions:
-    if body.top_logprobs is not None:
-        if not body.logprobs:
-            raise ApiError(
-                "invalid_request", "top_logprobs needs logprobs set to true", "top_logprobs"
-            )
-        if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ApiError(
-                "invalid_request",
-                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
-                "top_logprobs",
-            )
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+def options_of(body: ChatCompletionRequest) -> Options:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError("invalid_request", "top_logprobs needs logprobs set to true", "top_logprobs")
     if body.tools:
         raise ApiError("invalid_request", "tools are not supported yet", "tools")
     if body.tool_choice not in (None, "none", "auto"):
@@ -361,11 +277,14 @@ def options_of(body: ChatCompletionRequest) -> GenerationOptions:
         )
     if body.modalities is not None and body.modalities != ["text"]:
         raise ApiError("invalid_request", "only the text modality is supported", "modalities")
+    options = _sampling_options(body, LIMITS)
     if body.max_completion_tokens is not None:
-        return _sampling_options(
-            body, body.max_completion_tokens, "max_completion_tokens", logprobs
-        )
-    return _sampling_options(body, body.max_tokens, "max_tokens", logprobs)
+        options.set("max_tokens", body.max_completion_tokens, "max_completion_tokens")
+    else:
+        options.set("max_tokens", body.max_tokens)
+    if body.logprobs:
+        options.set("logprobs", body.top_logprobs or 0, "top_logprobs")
+    return options
 
 
 @router.post("/chat/completions", response_model=None)
@@ -375,10 +294,10 @@ async def chat_completions(
     _refuse_unknown(body, HARMLESS)
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
-    job = state.job(model_id, chat_of(body.messages), options_of(body))
+    generation = options_of(body).generation(model_id, chat_of(body.messages), "messages")
     cid, created = new_id("chatcmpl-"), now()
     if not body.stream:
-        pieces = await _generate(state, job, "messages")
+        pieces = await generation.run(state)
         last = pieces[-1]
         usage = last.usage
         assert usage is not None
@@ -408,7 +327,7 @@ async def chat_completions(
             }
         )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    first, stream = await _open(state, job, "messages")
+    stream = await generation.stream(state)
 
     def chunk(
         delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None
@@ -426,7 +345,7 @@ async def chat_completions(
     async def events() -> AsyncIterator[str]:
         yield sse(chunk({"role": "assistant", "content": ""}, None))
         try:
-            async for piece in _pieces(first, stream):
+            async for piece in stream:
                 if piece.text or piece.logprobs:
                     probs = chat_logprobs(piece.logprobs) if body.logprobs else None
                     yield sse(chunk({"content": piece.text}, None, probs))
@@ -446,18 +365,12 @@ async def chat_completions(
                             }
                         )
         except Exception as e:
-            yield sse(error_body("openai", _stream_error(e, "messages")))
+            yield sse(error_body("openai", stream.error(e)))
         finally:
-            await _close(stream)
+            await stream.aclose()
         yield sse("[DONE]")
 
     return StreamingResponse(events(), media_type="text/event-stream")
-
-
-async def _close(stream: AsyncIterator[Piece]) -> None:
-    aclose: Callable[[], Any] | None = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 # -- legacy completions ----------------------------------------------------------------------
@@ -473,21 +386,18 @@ def _prompt_of(prompt: str | list[Any]) -> str:
     raise ApiError("invalid_request", "prompt as token ids is not supported; send text", "prompt")
 
 
-def _completion_options(body: CompletionRequest) -> GenerationOptions:
+def _completion_options(body: CompletionRequest) -> Options:
     if body.echo:
         raise ApiError("invalid_request", "echo=true is not supported", "echo")
     if body.suffix is not None:
         raise ApiError("invalid_request", "suffix is not supported", "suffix")
-    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_COMPLETION_LOGPROBS:
-        raise ApiError(
-            "invalid_request",
-            f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}",
-            "logprobs",
-        )
     if body.best_of not in (None, 1):
         raise ApiError("invalid_request", "only best_of=1 is supported", "best_of")
+    options = _sampling_options(body, COMPLETIONS_LIMITS)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-    return _sampling_options(body, max_tokens, "max_tokens", body.logprobs)
+    options.set("max_tokens", max_tokens)
+    options.set("logprobs", body.logprobs)
+    return options
 
 
 @router.post("/completions", response_model=None)
@@ -497,7 +407,7 @@ async def completions(
     _refuse_unknown(body, HARMLESS)
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
-    job = state.job(model_id, _prompt_of(body.prompt), _completion_options(body))
+    generation = _completion_options(body).generation(model_id, _prompt_of(body.prompt), "prompt")
     cid, created = new_id("cmpl-"), now()
 
     def completion(
@@ -515,7 +425,7 @@ async def completions(
 
     wants = body.logprobs is not None
     if not body.stream:
-        pieces = await _generate(state, job, "prompt")
+        pieces = await generation.run(state)
         last = pieces[-1]
         assert last.usage is not None
         entries = tuple(e for p in pieces for e in p.logprobs)
@@ -524,12 +434,12 @@ async def completions(
         out["usage"] = _usage(last.usage.prompt_tokens, last.usage.completion_tokens)
         return JSONResponse(out)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    first, stream = await _open(state, job, "prompt")
+    stream = await generation.stream(state)
 
     async def events() -> AsyncIterator[str]:
         sent = 0  # characters of text so far (text_offset)
         try:
-            async for piece in _pieces(first, stream):
+            async for piece in stream:
                 if piece.text or piece.logprobs:
                     probs = completion_logprobs(piece.logprobs, sent) if wants else None
                     yield sse(completion(piece.text, None, probs))
@@ -544,9 +454,9 @@ async def completions(
                         )
                         yield sse(tail)
         except Exception as e:
-            yield sse(error_body("openai", _stream_error(e, "prompt")))
+            yield sse(error_body("openai", stream.error(e)))
         finally:
-            await _close(stream)
+            await stream.aclose()
         yield sse("[DONE]")
 
     return StreamingResponse(events(), media_type="text/event-stream")
@@ -609,7 +519,7 @@ def _responses_chat(body: ResponsesRequest) -> Chat:
     return Chat(tuple(messages))
 
 
-def _responses_options(body: ResponsesRequest) -> GenerationOptions:
+def _responses_options(body: ResponsesRequest) -> Options:
     if body.tools:
         raise ApiError("invalid_request", "tools are not supported yet", "tools")
     if body.tool_choice not in (None, "none", "auto"):
@@ -654,12 +564,11 @@ def _responses_options(body: ResponsesRequest) -> GenerationOptions:
         raise ApiError("invalid_request", "background responses are not supported", "background")
     if body.top_logprobs:
         raise ApiError("invalid_request", "logprobs are not supported yet", "top_logprobs")
-    _ranges(body.temperature, body.top_p)
-    return GenerationOptions(
-        max_tokens=_max_tokens(body.max_output_tokens, "max_output_tokens"),
-        temperature=body.temperature,
-        top_p=body.top_p,
-    )
+    options = Options(LIMITS)
+    options.set("max_tokens", body.max_output_tokens, "max_output_tokens")
+    options.set("temperature", body.temperature)
+    options.set("top_p", body.top_p)
+    return options
 
 
 class _ResponseShape:
@@ -737,15 +646,15 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
     _refuse_unknown(body, RESPONSES_HARMLESS)
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
-    job = state.job(model_id, _responses_chat(body), _responses_options(body))
+    generation = _responses_options(body).generation(model_id, _responses_chat(body), "input")
     shape = _ResponseShape(body, model_id)
     if not body.stream:
-        pieces = await _generate(state, job, "input")
+        pieces = await generation.run(state)
         last = pieces[-1]
         status = "incomplete" if last.finish_reason == "length" else "completed"
         text = "".join(p.text for p in pieces)
         return JSONResponse(shape.response(status, [shape.item(status, [shape.part(text)])], last))
-    first, stream = await _open(state, job, "input")
+    stream = await generation.stream(state)
 
     async def events() -> AsyncIterator[str]:
         seq = 0
@@ -765,7 +674,7 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
         yield event("response.content_part.added", **where, content_index=0, part=shape.part(""))
         texts: list[str] = []
         try:
-            async for piece in _pieces(first, stream):
+            async for piece in stream:
                 if piece.text:
                     texts.append(piece.text)
                     yield event(
@@ -789,11 +698,11 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
                 yield event("response.output_item.done", output_index=0, item=item)
                 yield event(f"response.{status}", response=shape.response(status, [item], piece))
         except Exception as e:
-            err = _stream_error(e, "input")
+            err = stream.error(e)
             code = "model_not_found" if err.kind == "not_found" else err.kind
             yield event("error", code=code, message=err.message, param=err.param)
         finally:
-            await _close(stream)
+            await stream.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -1,0 +1,129 @@
+"""What every dialect does to generate: gather a request's options under the names it sent them,
+check them in one place (the engine's option specs under the API's own limits), start a stream
+before answering so that errors come with a status, and say engine errors in the client's names."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from mlx_omnia import (
+    Bounds,
+    Chat,
+    GenerationOptions,
+    InvalidOptionsError,
+    OmniaError,
+    OptionSpec,
+    Piece,
+    generation_options,
+)
+from mlx_omnia.server.dialects.errors import from_engine
+from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.state import ServerState
+
+
+@functools.cache
+def _specs() -> Mapping[str, OptionSpec]:
+    return generation_options()
+
+
+class Options:
+    """A request's generation options in engine terms, each with the request's name for it, checked
+    against the engine's option specs under the API's own tighter `limits` (OpenAI's temperature
+    stops at 2, Anthropic's at 1). A model's own signature is checked when it generates."""
+
+    def __init__(self, limits: Mapping[str, Bounds] | None = None) -> None:
+        self.limits = limits or {}
+        self.values: dict[str, object] = {}
+        self.names: dict[str, str] = {}
+
+    def set(self, option: str, value: object, sent_as: str | None = None) -> None:
+        """The GenerationOptions field `option` takes `value` (None: not sent), which came in the
+        request's field `sent_as` (by default the option's own name)."""
+        if value is not None:
+            self.values[option] = value
+            self.names[option] = sent_as or option
+
+    def checked(self) -> GenerationOptions:
+        """The options, or an ApiError naming the first field that is out of bounds."""
+        for option, value in self.values.items():
+            spec = _specs()[option]
+            if option in self.limits:
+                spec = spec.within(self.limits[option])
+            try:
+                spec.check(value)
+            except InvalidOptionsError as e:
+                raise from_engine(e, names=self.names) from None
+        return GenerationOptions(**cast(dict[str, Any], self.values))
+
+    def generation(self, model_id: str, input: Chat | str, input_field: str) -> Generation:
+        return Generation(model_id, input, self.checked(), input_field, dict(self.names))
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request's generation, with the request's names for what it sent: the field holding the
+    input (context-length errors name it) and each option's field."""
+
+    model_id: str
+    input: Chat | str
+    options: GenerationOptions
+    input_field: str
+    names: Mapping[str, str] = field(default_factory=lambda: dict[str, str]())
+
+    def error(self, error: BaseException) -> ApiError:
+        """Any failure of this generation as the HTTP layer's error, named as the client sent it."""
+        if isinstance(error, ApiError):
+            return error
+        if isinstance(error, OmniaError):
+            return from_engine(error, self.input_field, self.names)
+        return ApiError("internal", f"generation failed: {error}")
+
+    async def run(self, state: ServerState) -> list[Piece]:
+        """Generate to the end."""
+        try:
+            return await state.scheduler.run(state.job(self.model_id, self.input, self.options))
+        except Exception as e:
+            raise self.error(e) from e
+
+    async def stream(self, state: ServerState) -> Stream:
+        """Start generating and wait for the first piece, so that model, input and option errors
+        answer with a status instead of a broken stream."""
+        pieces = state.scheduler.stream(state.job(self.model_id, self.input, self.options))
+        try:
+            first = await anext(pieces)
+        except StopAsyncIteration:
+            first = None
+        except Exception as e:
+            raise self.error(e) from e
+        return Stream(self, first, pieces)
+
+
+class Stream:
+    """A started generation: `first` has come; iterating yields it and the pieces after it.
+    `aclose` when done (a client that leaves stops the generation at its next token)."""
+
+    def __init__(
+        self, generation: Generation, first: Piece | None, rest: AsyncGenerator[Piece, None]
+    ) -> None:
+        self.generation = generation
+        self.first = first
+        self._rest = rest
+
+    def __aiter__(self) -> AsyncIterator[Piece]:
+        return self._pieces()
+
+    async def _pieces(self) -> AsyncIterator[Piece]:
+        piece = self.first
+        while piece is not None:
+            yield piece
+            piece = await anext(self._rest, None)
+
+    async def aclose(self) -> None:
+        await self._rest.aclose()
+
+    def error(self, error: BaseException) -> ApiError:
+        """A failure after the response began, for the dialect to send in its own framing."""
+        return self.generation.error(error)
