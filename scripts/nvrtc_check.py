@@ -11,18 +11,29 @@ Register counts and spills come back from ptxas (`--ptxas-options=-v`).
     python scripts/nvrtc_check.py /tmp/nvrtc/x/nvidia/cu13 [NAME_FILTER]
 
 NVRTC_CUBIN_DIR=DIR also writes each cubin there, for `cuobjdump -sass` (the
-nvidia-cuda-cuobjdump wheel) to show the machine code."""
+nvidia-cuda-cuobjdump wheel) to show the machine code.
+
+Without NVRTC: `--digest` prints the number of kernels and one SHA-256 over every kernel's
+name, input and output names, body, header text and launch geometry (tests/test_kernel_sources.py
+pins it); `--dump DIR` writes each kernel to DIR/NAME.cu, to diff two trees' kernels."""
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import itertools
+import json
 import os
 import re
 import sys
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mlx_omnia.engine  # noqa: F401  # first: it loads the system BLAS before MLX
+
+# isort: split
 import mlx.core as mx
 
 C_TYPES = {
@@ -58,23 +69,73 @@ class Nvrtc:
         return rc == 0, log.value.decode(errors="replace")
 
 
-SOURCES: dict[str, str] = {}
+@dataclass
+class Kernel:
+    """One `mx.fast.cuda_kernel` the engine would make, and the launches it would get."""
+
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    body: str
+    header: str        # the header's text (the engine passes an #include of a cached file)
+    options: str       # the other keyword arguments
+    launches: set[str] = field(default_factory=set[str])
+    threads: int = 0   # of the last launch, and its argument types (for NVRTC)
+    dtypes: list[str] = field(default_factory=list[str])
+
+    def made(self) -> list[Any]:
+        """What the kernel is made from."""
+        return [self.name, self.inputs, self.outputs, self.body, self.header, self.options]
+
+    def record(self) -> str:
+        """Everything MLX builds and launches the kernel from, as one line of JSON."""
+        return json.dumps([*self.made(), sorted(self.launches)])
+
+    def entry(self) -> str:
+        """The source as a `__global__` entry would take it (inputs `const T*`, outputs `T*`,
+        `<input>_shape` arrays), for NVRTC."""
+        params = [f"const {t}* {n}" for n, t in zip(self.inputs, self.dtypes, strict=False)]
+        params += [f"const int* {n}_shape" for n in self.inputs if f"{n}_shape" in self.body]
+        params += [f"{t}* {n}" for n, t in zip(self.outputs, self.dtypes[len(self.inputs):], strict=True)]
+        return (f"{self.header}\nextern \"C\" __global__ void __launch_bounds__({self.threads}) "
+                f"{self.name}({', '.join(params)}) {{\n{self.body}}}\n")
+
+
+KERNELS: dict[str, Kernel] = {}
+INCLUDE = re.compile(r'#include "([^"]+)"\n')
+
+
+def header_text(header: str) -> str:
+    """The text of a header the engine passes as an #include of its cached file."""
+    included = INCLUDE.fullmatch(header)
+    return Path(included.group(1)).read_text(encoding="utf-8") if included else header
 
 
 def recorder(*, name: str, input_names: list[str], output_names: list[str], source: str,
-             header: str = "", **_: Any) -> Any:
+             header: str = "", **options: Any) -> Any:
+    kernel = Kernel(name, list(input_names), list(output_names), source, header_text(header),
+                    repr(sorted(options.items())))
+    known = KERNELS.setdefault(name, kernel)
+    assert known.made() == kernel.made(), f"two kernels named {name}"
+
     def call(*, inputs: list[mx.array], output_shapes: list[Any], output_dtypes: list[mx.Dtype],
-             grid: Any, threadgroup: Any, **__: Any) -> list[mx.array]:
-        params = [f"const {C_TYPES[a.dtype]}* {n}" for n, a in zip(input_names, inputs, strict=True)]
-        params += [f"const int* {n}_shape" for n in input_names if f"{n}_shape" in source]
-        params += [f"{C_TYPES[d]}* {n}" for n, d in zip(output_names, output_dtypes, strict=True)]
-        SOURCES[name] = (
-            f"{header}\nextern \"C\" __global__ void __launch_bounds__({threadgroup[0]}) "
-            f"{name}({', '.join(params)}) {{\n{source}}}\n"
-        )
+             grid: Any, threadgroup: Any, **more: Any) -> list[mx.array]:
+        known.launches.add(repr((tuple(grid), tuple(threadgroup), [str(a.dtype) for a in inputs],
+                                 [tuple(s) for s in output_shapes],
+                                 [str(d) for d in output_dtypes], sorted(more.items()))))
+        known.threads = threadgroup[0]
+        known.dtypes = [C_TYPES[a.dtype] for a in inputs] + [C_TYPES[d] for d in output_dtypes]
         return [mx.zeros(s, dtype=d) for s, d in zip(output_shapes, output_dtypes, strict=True)]
 
     return call
+
+
+def digest() -> str:
+    """SHA-256 over every kernel's record, in name order."""
+    sha = hashlib.sha256()
+    for name in sorted(KERNELS):
+        sha.update(KERNELS[name].record().encode() + b"\n")
+    return sha.hexdigest()
 
 
 def build_all() -> None:
@@ -351,18 +412,38 @@ def chain(up: Any, down: Any, mats: Any) -> None:
     chain_launcher(up, down)(inputs)
 
 
-def main() -> int:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/nvrtc/x/nvidia/cu13")
-    only = sys.argv[2] if len(sys.argv) > 2 else ""
+def build_recorded() -> None:
+    """Every kernel the engine would build, into KERNELS (headers cached in a fresh directory)."""
+    os.environ["OMNIA_KERNEL_HEADERS"] = tempfile.mkdtemp(prefix="omnia-nvrtc-check-")
     mx.fast.cuda_kernel = recorder  # type: ignore[assignment]
     build_all()
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--digest"]:
+        build_recorded()
+        print(f"{len(KERNELS)} kernels sha256 {digest()}")
+        return 0
+    if sys.argv[1:2] == ["--dump"]:
+        build_recorded()
+        out = Path(sys.argv[2])
+        out.mkdir(parents=True, exist_ok=True)
+        for name, kernel in KERNELS.items():
+            (out / f"{name}.cu").write_text(kernel.entry() + "// launches\n" + "".join(
+                f"// {launch}\n" for launch in sorted(kernel.launches)), encoding="utf-8")
+        print(f"{len(KERNELS)} kernels written to {out}")
+        return 0
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/nvrtc/x/nvidia/cu13")
+    only = sys.argv[2] if len(sys.argv) > 2 else ""
+    build_recorded()
     nvrtc = Nvrtc(root)
     failed = 0
-    for name, source in sorted(SOURCES.items()):
+    for name, kernel in sorted(KERNELS.items()):
         if only not in name:
             continue
         sass = os.environ.get("NVRTC_CUBIN_DIR")
-        ok, log = nvrtc.compile(name, source, Path(sass) / f"{name}.cubin" if sass else None)
+        ok, log = nvrtc.compile(name, kernel.entry(),
+                                Path(sass) / f"{name}.cubin" if sass else None)
         regs = re.findall(r"Used (\d+) registers", log)
         spill = re.findall(r"(\d+) bytes spill stores", log)
         smem = re.findall(r"(\d+) bytes smem", log)
@@ -371,7 +452,7 @@ def main() -> int:
         if not ok:
             failed += 1
             print(log[:4000])
-    print(f"{len(SOURCES)} kernels, {failed} failed")
+    print(f"{len(KERNELS)} kernels, {failed} failed")
     return 1 if failed else 0
 
 
