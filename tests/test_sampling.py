@@ -1,7 +1,11 @@
-"""The sampler's truncations (top-k, min-p, top-p) against a plain numpy statement of them, and
-the compiled sampling step against itself across settings."""
+"""The sampler's truncations (top-k, min-p, top-p) against a plain numpy statement of them, the
+frequencies it draws against the exact distribution, and the compiled sampling step against
+itself across settings."""
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import mlx.core as mx
 import numpy as np
@@ -53,6 +57,77 @@ def test_truncate_keeps_ties_at_the_kth_value() -> None:
     x = mx.array([3.0, 1.0, 2.0, 2.0, 2.0, 0.0])
     got = np.array(truncate(x, SamplingParams(temperature=1.0, top_k=2, top_p=0.99)))
     assert np.isfinite(got).tolist() == [True, False, True, True, True, False]
+
+
+# 16 distinct logits 0.2 apart, shuffled. The settings below were chosen so that no truncation
+# threshold falls within 1% (of probability or of the min-p ratio) of a token: float32 rounding
+# cannot move a token across a cut.
+LOGITS = np.array(
+    [1.1, -0.7, 0.9, -0.5, 1.5, 0.7, 0.1, 0.5, -1.3, -0.9, 0.3, -0.3, -1.1, -0.1, 1.3, -1.5],
+    np.float32,
+)
+DRAWS = 8000  # a draw a call of the compiled step: seconds for all the settings
+CHUNK = 1000  # draws queued before one evaluation
+
+
+def draw_counts(p: SamplingParams, logits: np.ndarray, n: int) -> np.ndarray:
+    """How often the engine's Sampler (the compiled step generation runs) draws each token in `n`
+    calls on the same logits."""
+    sampler = Sampler(p, logits.shape[0], [])
+    x = mx.array(logits)
+    counts = np.zeros(logits.shape[0], np.int64)
+    for _ in range(n // CHUNK):
+        tokens = np.array(mx.stack([sampler(x) for _ in range(CHUNK)]))
+        counts += np.bincount(tokens, minlength=logits.shape[0])
+    return counts
+
+
+def chi_square_sf(stat: float, df: int) -> float:
+    """P(X >= stat) for X ~ chi-square(df): 1 minus the regularized lower gamma P(df/2, stat/2),
+    summed from its series in log space (no overflow for a huge stat; scipy is no dependency).
+    Matches mpmath.gammainc to ~1e-12 absolute."""
+    a, x = df / 2, stat / 2
+    if x <= 0:
+        return 1.0
+    log_term = a * math.log(x) - x - math.lgamma(a + 1)  # x^a e^-x / Gamma(a + 1)
+    lower, n = 0.0, 0
+    while True:
+        lower += math.exp(log_term)
+        n += 1
+        log_term += math.log(x / (a + n))
+        if n > x and log_term < -40:
+            return max(0.0, 1.0 - lower)
+
+
+@pytest.mark.parametrize(
+    "p",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.5),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=1.0, top_p=0.7),
+        SamplingParams(temperature=1.0, min_p=0.5),
+        # Each of min-p and top-p cuts here, and would cut elsewhere on untempered logits, or
+        # with top-p before min-p (transformers' order keeps token 6 too).
+        SamplingParams(temperature=0.6, top_k=10, top_p=0.95, min_p=0.08),
+    ],
+    ids=["t0.7", "t1.5", "top_k", "top_p", "min_p", "combined"],
+)
+def test_draws_follow_the_tempered_truncated_softmax(p: SamplingParams) -> None:
+    """The frequencies match softmax(logits / temperature) over what top-k, min-p and top-p (in
+    that order, on the tempered logits) keep; nothing outside is ever drawn."""
+    z = LOGITS.astype(np.float64) / p.temperature
+    kept = sorted(kept_reference(z, p.top_k, p.min_p, p.top_p))
+    weights = np.exp(z[kept] - z[kept].max())
+    expected = np.zeros(z.shape[0])
+    expected[kept] = weights / weights.sum()
+    assert DRAWS * expected[kept].min() >= 5  # where the chi-square approximation holds
+    counts = draw_counts(dataclasses.replace(p, seed=1234), LOGITS, DRAWS)
+    assert counts[expected == 0].sum() == 0, counts
+    want = DRAWS * expected[kept]
+    stat = float((((counts[kept] - want) ** 2) / want).sum())
+    # Seeded, so the same draws every run; 1e-6 leaves room for another MLX's random stream.
+    assert chi_square_sf(stat, len(kept) - 1) > 1e-6, (counts.tolist(), want.round(1).tolist())
 
 
 def test_sampled_tokens_stay_inside_the_truncation() -> None:
