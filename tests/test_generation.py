@@ -13,6 +13,7 @@ import pytest
 
 from mlx_omnia import Chat, Completion, GenerationOptions, InvalidOptionsError, Model, Piece, load
 from mlx_omnia.engine.core.cache import KVCache
+from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.model import GenerationDefaults
 from mlx_omnia.engine.text.detokenizer import REPLACEMENT
 from tests.fixtures.tiny import write_tiny_llama
@@ -120,6 +121,57 @@ def test_several_stop_strings_cut_at_the_earliest(smollm2: Model, france: Comple
     done = smollm2.generate(FRANCE, options)
     assert done.text == before and done.finish_reason == "stop"
     assert early not in done.text and late not in done.text
+
+
+def test_stops_completed_by_one_token_cut_at_the_earliest_start(
+    smollm2: Model, france: Completion
+) -> None:
+    """Token 1's text (" capital" after "The") completes four stops at once: one began in the
+    text held back from token 0, the others (overlapping, one a prefix of another) lie inside
+    the token. The cut is at the earliest start, whichever stop is listed first."""
+    texts = _texts(smollm2, france.token_ids)
+    start, word = len(texts[0]), texts[1]
+    assert len(word) >= 5, texts
+    spanning, inside, overlapping, prefix = texts[0][-1] + word[:2], word[1:4], word[3:5], word[1:3]
+    for stop, at in [(spanning, start - 1), (inside, start + 1), (overlapping, start + 3)]:
+        assert france.text.find(stop) == at, (france.text, stop)
+    stops = ["never-there", overlapping, spanning, inside, prefix]
+    pieces = list(smollm2.stream(FRANCE, GenerationOptions(max_tokens=16, stop=stops)))
+    assert "".join(p.text for p in pieces) == france.text[: start - 1]
+    last = pieces[-1]
+    assert last.finish_reason == "stop" and last.stop_sequence == spanning
+    assert last.usage is not None and last.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("stops", "chunks", "before", "matched"),
+    [
+        # one chunk completes both; the later-listed starts earlier
+        (["world", "lo w"], ["hello world!"], "hel", "lo w"),
+        # overlapping, the middle-listed starts first (though "cd" ends first)
+        (["def", "bcde", "cd"], ["abcdefg"], "a", "bcde"),
+        # a stop that ends another, listed first
+        (["c", "abc"], ["xxabc"], "xx", "abc"),
+        (["c", "abc"], ["xxa", "b", "c"], "xx", "abc"),
+        # the earliest began in the text held back from the previous chunk
+        (["rld", "o w"], ["hello", " world"], "hell", "o w"),
+        # a stop that begins another: same start, the shorter is the one completed first
+        (["abcd", "ab"], ["xabcd"], "x", "ab"),
+        (["abcd", "ab"], ["xa", "bcd"], "x", "ab"),
+    ],
+    ids=["later-listed", "overlapping", "suffix", "suffix-streamed", "held", "prefix",
+         "prefix-streamed"],
+)
+def test_stop_matcher_cuts_at_the_earliest_start(
+    stops: list[str], chunks: list[str], before: str, matched: str
+) -> None:
+    matcher = StopMatcher(stops)
+    emitted = ""
+    for n, chunk in enumerate(chunks, 1):
+        text, hit = matcher.feed(chunk)
+        emitted += text
+        assert hit == (n == len(chunks)), (chunk, emitted)
+    assert emitted == before and matcher.matched == matched
 
 
 def test_stop_token_ids(smollm2: Model, france: Completion) -> None:

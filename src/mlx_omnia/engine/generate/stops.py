@@ -18,7 +18,9 @@ class StopMatcher:
         if not self.stops:
             return text, False
         self._buffer += text
-        found = [(i, n, s) for n, s in enumerate(self.stops) if (i := self._buffer.find(s)) >= 0]
+        # The earliest start; between stops starting there, the shortest: it is the one that
+        # completed first, as it would be named had the text come a character at a time.
+        found = [(i, len(s), s) for s in self.stops if (i := self._buffer.find(s)) >= 0]
         if found:
             hit, _, self.matched = min(found)
             out, self._buffer = self._buffer[:hit], ""
