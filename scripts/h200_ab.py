@@ -70,9 +70,11 @@ WAIT = """    while (load_acquire(count) < n) __nanosleep(100);
 
 
 def header_text(old: str, new: str, count: int = 1) -> AbstractContextManager[Any]:
-    """Every kernel header that has `old` (`count` times) with it replaced by `new` (the wait of
-    a chained launch's second phase lives in the common header, which each launch's header
-    extends; the staging lives in the qmv header, which the experts' header extends)."""
+    """Every kernel header that has `old` (`count` times) with it replaced by `new`: the modules'
+    header strings, rendered from the kernels' .cuh files at import (the wait of a chained
+    launch's second phase is in common.cuh, which every header starts with; the staging in
+    qmv.cuh, which the experts' header extends). Every variant here still applies: each builds
+    the same kernels as before the sources moved to .cu/.cuh files (issue 27)."""
     stack = ExitStack()
     hits = 0
     for mod in kernel_modules():

@@ -1,9 +1,6 @@
-"""Specialized kernels, one package per operation (never per model).
-
-A kernel binds to a layer declaration only when its `*_applies(...)` predicate accepts every
-declared property, and only on the backend it was written for: the CUDA kernels here are
-`mx.fast.cuda_kernel` sources, compiled by MLX with NVRTC on first use, and never bind on the CPU
-or on Metal. Kernel objects are made lazily (creating one raises on a build without CUDA)."""
+"""Specialized kernels, one package per operation: each binds to a declaration only where its
+`*_applies` predicate accepts every declared property, on the backend it was written for (CUDA
+here: `.cu`/`.cuh` sources compiled by MLX with NVRTC on first use; docs/kernels.md)."""
 
 from __future__ import annotations
 
@@ -20,10 +17,9 @@ import mlx.core as mx
 
 
 def launch_counters(n: int) -> mx.array:
-    """n int32 zeros (at least 4) for a kernel's in-place counters. MLX's CUDA allocator (0.32)
-    serves arrays of 8 bytes or less from one pool of managed memory advised read-mostly, where
-    a kernel's write invalidates the page for every other scalar in it: 16 bytes or more come
-    from ordinary device-resident buffers (see core/cache.py)."""
+    """n int32 zeros (at least 4) for a kernel's in-place counters: MLX 0.32 serves 8 bytes or
+    less from a read-mostly managed pool, where a kernel's write stalls every other scalar in the
+    page; 16 bytes come from device memory (docs/kernels.md, "Launch scratch and counters")."""
     return mx.zeros((max(n, 4),), dtype=mx.int32)
 
 
@@ -41,18 +37,9 @@ def scratch_scope() -> Generator[None]:
 
 
 def launch_scratch(nbytes: int) -> mx.array:
-    """float32 words (at least `nbytes`) where a launch keeps what it writes and then reads back
-    itself: a chained launch's first-phase results, the attention's partial sums. As outputs
-    they cost host time at every launch (MLX 0.32 on CUDA: ~2 us each to make and dispatch,
-    against ~0.3 us for an input; scripts/h200_slots.py, 2026-12-04).
-
-    Inside a scratch_scope (one model's bindings) every caller gets the scope's one buffer,
-    grown to the largest request (a smaller one stays with the bindings that took it): the
-    launches of one model's decode step each read an output of the one before, so they run
-    one after another and never at once. Two launches that do not depend on each other, in
-    one evaluation, must not share a buffer (MLX may run them concurrently): outside a scope,
-    each call gets a buffer of its own. Bindings take theirs when they are built, so a launch
-    traced into a compiled step never allocates."""
+    """float32 words (at least `nbytes`) a launch writes and reads back itself (an input, which
+    costs less host time than an output). Inside a scratch_scope every caller shares the scope's
+    one buffer, outside each gets its own (docs/kernels.md, "Launch scratch and counters")."""
     from mlx_omnia.engine.core.mxcompat import evaluate
 
     words = max(-(-nbytes // 16) * 4, 4)
@@ -106,15 +93,9 @@ def header_dir() -> Path:
 
 @cache
 def header_include(header: str) -> str:
-    """`#include` of a file holding `header`, named by its SHA-256, for use in place of the header
-    text; the header text itself when no such file can be written.
-
-    MLX 0.32's CUDA backend hashes a custom kernel's whole source, header included, at every
-    launch (it names the compiled module by that hash): with the header inlined that was 12-28 KB
-    hashed per launch, 29 % of `mx.async_eval` for a qwen3-4b decode token (py-spy, H200,
-    2026-12-03). Included, the hashed text is the kernel body and this one line. The file name
-    carries the content's hash, so a changed header is a changed source to MLX (no stale
-    compiled module); an existing file is used only when its content is the header's."""
+    """`#include` of a file holding `header`, named by its SHA-256 (else the text itself): MLX
+    hashes a kernel's whole source at every launch, so the header is kept out of it, and a changed
+    header is a changed name (docs/kernels.md, "Sources")."""
     path = header_dir() / f"omnia-{hashlib.sha256(header.encode()).hexdigest()[:32]}.cuh"
     text = str(path)
     if not text.isascii() or any(c in text for c in '"\\\n'):

@@ -1,11 +1,6 @@
-"""The decode attention kernel bound to AttentionStep declarations (see cuda.py).
-
-`attention_applies` accepts a declaration that declares exactly what the kernel computes: causal
-attention with no sliding window, soft-capping or sinks, values as wide as keys, head_dim a
-multiple of 32 up to 128, queries and keys rotated by a plain Rope over the whole head
-(default or scaled frequencies, no attention factor) after an optional per-head RmsNorm. The
-bound `project` runs the kernel for one token on a StaticKVCache (the compiled decode step's
-cache: fixed capacity, offset on the device) and hands everything else to the core."""
+"""The decode attention kernel bound to AttentionStep (and ProjectAttend) declarations: a
+predicate accepts only what the kernel computes exactly (docs/kernels.md lists what it
+declines), and `project` runs one token on a StaticKVCache, handing anything else to the core."""
 
 from __future__ import annotations
 
@@ -46,10 +41,9 @@ def _plain_norm(norm: RmsNorm | None, dims: int) -> bool:
 
 
 def attention_spec(decl: AttentionStep, dtype: mx.Dtype, capacity: int) -> AttentionStepSpec:
-    """The launch geometry of `decl`: a slice's query heads split over two blocks (head_split
-    2) wherever that fits (an even group), else one block a slice. The same bits either way
-    (tests); on the H200 the split made Qwen3-30B-A3B's decode step 11-12 % shorter (2026-12-05,
-    scripts/h200_ab.py: fewer registers, more blocks to hide the attention's latency)."""
+    """The launch geometry of `decl`: a slice's query heads split over two blocks wherever the
+    group is even, else one block a slice; the same bits either way, and the split is faster
+    (fewer registers, more blocks; docs/kernels.md, "Head split")."""
     spec = AttentionStepSpec(
         dtype=dtype, n_heads=decl.n_heads, n_kv_heads=decl.n_kv_heads, head_dim=decl.head_dim,
         capacity=capacity, scale=decl.scale,
@@ -153,10 +147,9 @@ def project_attend_qkv(decl: ProjectAttend) -> QmvSpec | None:
 
 
 def project_attend_fits(decl: ProjectAttend) -> bool:
-    """Every declared property is one the kernel computes (the backend aside): each half alone
-    (the projections as qmv does them, the attention as attention_step does it), the head
-    norms in the activation dtype, and the pair in one launch (at the smallest cache: the
-    capacity is checked again per call)."""
+    """Every declared property is one the kernel computes (the backend aside): each half alone,
+    the head norms in the activation dtype, and the pair in one launch at the smallest cache
+    (the capacity is checked again per call)."""
     qkv = project_attend_qkv(decl)
     if qkv is None or not attention_fits(decl.attention):
         return False

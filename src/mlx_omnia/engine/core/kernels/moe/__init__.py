@@ -1,13 +1,6 @@
-"""Mixture-of-experts kernels bound to Route, GateUp and DownCombine declarations (see cuda.py).
-
-`*_applies` accept a declaration only when the kernel computes exactly what it declares: CUDA
-backend; Route with at most MAX_EXPERTS experts and MAX_TOP_K chosen (either order, either
-normalization); GateUp / DownCombine with affine (not mxfp4) expert matrices, dense in
-bf16/fp16 or 4/8-bit in groups of 32/64/128 (scales in the activation dtype), no per-expert
-bias, GateUp's activation silu and its declared norm (if any) a plain RmsNorm over the input in
-the activation dtype. The bound calls run the kernels for one token (one row of
-logits, one input row, k selected experts with uint32 ids as Route makes them) and hand anything
-else (prefill, other dtypes, more experts than the staged input holds) to the core."""
+"""Mixture-of-experts kernels bound to Route, GateUp and DownCombine (and their chained pairs):
+a predicate accepts only what the kernels compute exactly (docs/kernels.md lists what they
+decline), and the bound calls run one token, handing anything else to the core."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Qmv kernels bound to Linear and Projections declarations (see cuda.py for the kernel).
-
-`*_applies` accept a declaration only when the kernel computes exactly what it declares: CUDA
-backend, weights dense in bf16/fp16 or affine 4/8-bit with group 32/64/128 (scales in the
-activation dtype), no bias, input width the kernel handles, for Projections an RMS norm of the
-plain kind (weight * x / rms, eps as declared) and a silu or gelu_tanh gate. The bound call runs
-the kernel for one activation row of the declared dtype and hands anything else (prefill, other
-dtypes) to the core implementation."""
+"""Qmv kernels bound to Linear and Projections declarations: a predicate accepts a declaration
+only where the kernel computes exactly what it declares (docs/kernels.md lists what it declines),
+and the bound call runs one activation row, handing anything else to the core."""
 
 from __future__ import annotations
 

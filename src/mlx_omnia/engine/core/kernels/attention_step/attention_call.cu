@@ -1,0 +1,1 @@
+omnia::attention_step<${T}, ${H}, ${HKV}, ${D}, ${KPB}, ${QN}, ${KN}, ${TRAD}, ${CG}${HS}>(${q}, ${k_new}, ${v_new}, ${qw}, ${kw}, ${inv_freq}, ${k_cache}, ${v_cache}, ${pos}, ${counters}, ${part_o}, ${part_ml}, ${out}, ${next_pos}, ${eps_q}, ${eps_k}, ${scale}, ${k_cache}_shape[2], ${block}${more});

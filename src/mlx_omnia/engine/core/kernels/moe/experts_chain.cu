@@ -1,0 +1,2 @@
+${T}* mid = reinterpret_cast<${T}*>(const_cast<float*>(scratch));
+${CHAIN}

@@ -1,0 +1,2 @@
+${T}* logits = reinterpret_cast<${T}*>(const_cast<float*>(scratch));
+${CHAIN}

@@ -1,0 +1,1 @@
+omnia::route<${T}, ${E}, ${TOPK}, ${ORDER}, ${NORMALIZE}>(logits, weights, ids);

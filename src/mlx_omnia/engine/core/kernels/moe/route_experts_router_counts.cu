@@ -1,0 +1,1 @@
+  if (threadIdx.x == 0) atomicAdd(count + 3, 1);
