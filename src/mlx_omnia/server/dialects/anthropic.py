@@ -11,7 +11,7 @@ from pydantic import ConfigDict
 
 from mlx_omnia import Bounds, Chat, ChatMessage, Piece
 from mlx_omnia.server.dialects.common import Request as Body
-from mlx_omnia.server.dialects.common import new_id, refuse_unknown, sse
+from mlx_omnia.server.dialects.common import model_ids, new_id, refuse_unknown, sse
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.generation import Options
 from mlx_omnia.server.errors import ApiError
@@ -229,19 +229,16 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
     mid = new_id("msg_")
     headers = {"request-id": new_id("req_")}
     if not body.stream:
-        pieces = await generation.run(state)
-        last = pieces[-1]
-        assert last.usage is not None
-        stop, stop_sequence = stop_of(last)
-        text = "".join(p.text for p in pieces)
+        answer = await generation.run(state)
+        stop, stop_sequence = stop_of(answer.last)
         return JSONResponse(
             _message(
                 mid,
                 model_id,
-                [{"type": "text", "text": text}],
+                [{"type": "text", "text": answer.text}],
                 stop,
                 stop_sequence,
-                _usage(last.usage.prompt_tokens, last.usage.completion_tokens),
+                _usage(answer.usage.prompt_tokens, answer.usage.completion_tokens),
             ),
             headers=headers,
         )
@@ -319,15 +316,6 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
 
 
 # -- models --------------------------------------------------------------------------------------
-def _model_ids(state: ServerState) -> list[str]:
-    ids = [
-        state.manager.default_id,
-        *[r.id for r in state.manager.resident()],
-        *state.manager.aliases(),
-    ]
-    return list(dict.fromkeys(ids))
-
-
 def _model_info(model_id: str) -> dict[str, Any]:
     return {"type": "model", "id": model_id, "display_name": model_id, "created_at": EPOCH}
 
@@ -338,7 +326,7 @@ async def list_models(
 ) -> dict[str, Any]:
     if not 1 <= limit <= 1000:
         raise ApiError("invalid_request", "limit: must be between 1 and 1000", "limit")
-    ids = _model_ids(state_of(request))
+    ids = model_ids(state_of(request))
     for cursor in (after_id, before_id):
         if cursor is not None and cursor not in ids:
             raise ApiError("invalid_request", f"no model {cursor!r} to page from", "after_id")
@@ -361,7 +349,7 @@ async def list_models(
 @router.get("/models/{model_id:path}")
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
     state = state_of(request)
-    ids = _model_ids(state)
+    ids = model_ids(state)
     canonical = model_id.lower() if model_id.lower() == state.manager.default_id else model_id
     if canonical not in ids:
         raise ApiError("not_found", f"model: {model_id}", "model")

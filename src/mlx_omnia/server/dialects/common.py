@@ -1,4 +1,5 @@
-"""Helpers every dialect uses: strict extra-field policy, SSE framing, ids."""
+"""Helpers every dialect uses: strict extra-field policy, SSE framing, ids, model lists, token
+texts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.state import ServerState
 
 
 class Request(BaseModel):
@@ -39,3 +41,19 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def model_ids(state: ServerState) -> list[str]:
+    """The models a dialect lists: the default, the resident ones, the aliases; once each."""
+    ids = [
+        state.manager.default_id,
+        *[r.id for r in state.manager.resident()],
+        *state.manager.aliases(),
+    ]
+    return list(dict.fromkeys(ids))
+
+
+def token_text(raw: bytes) -> str:
+    """A token's text for a logprobs entry: its bytes as UTF-8, a byte of a character split
+    across tokens written as \\xNN (OpenAI's entries carry the exact bytes too)."""
+    return raw.decode("utf-8", errors="backslashreplace")

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from mlx_omnia import Bounds, Chat, ChatMessage, Model, TokenLogprob
-from mlx_omnia.server.dialects.common import sse
+from mlx_omnia.server.dialects.common import model_ids, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.generation import Options, Stream
 from mlx_omnia.server.errors import ApiError
@@ -328,10 +328,7 @@ async def list_models(
 ) -> dict[str, Any]:
     state = state_of(request)
     resident = {r.id: r.model for r in state.manager.resident()}
-    ids: list[str] = []
-    for i in [state.manager.default_id, *resident, *state.manager.aliases()]:
-        if i not in ids:
-            ids.append(i)
+    ids = model_ids(state)
     size = DEFAULT_PAGE_SIZE if not page_size or page_size <= 0 else min(page_size, MAX_PAGE_SIZE)
     start = 0
     if page_token:
@@ -365,8 +362,7 @@ def _usage(prompt: int, candidates: int) -> dict[str, Any]:
 
 
 def _logprob(token_id: int, token_bytes: bytes, logprob: float) -> dict[str, Any]:
-    text = token_bytes.decode("utf-8", errors="backslashreplace")
-    return {"token": text, "tokenId": token_id, "logProbability": logprob}
+    return {"token": token_text(token_bytes), "tokenId": token_id, "logProbability": logprob}
 
 
 def logprobs_result(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
@@ -419,14 +415,11 @@ async def model_method(request: Request, rest: str) -> JSONResponse | StreamingR
     wants = generation.options.logprobs is not None
     rid = uuid.uuid4().hex
     if method == "generateContent":
-        pieces = await generation.run(state)
-        last = pieces[-1]
-        usage = last.usage
-        assert usage is not None
+        answer = await generation.run(state)
         return JSONResponse(_response(
-            "".join(p.text for p in pieces), last.finish_reason,
-            _usage(usage.prompt_tokens, usage.completion_tokens), model_id, rid,
-            [e for p in pieces for e in p.logprobs] if wants else None,
+            answer.text, answer.last.finish_reason,
+            _usage(answer.usage.prompt_tokens, answer.usage.completion_tokens), model_id, rid,
+            answer.logprobs if wants else None,
         ))
     alt = request.query_params.get("alt", "json")
     if alt not in ("sse", "json"):

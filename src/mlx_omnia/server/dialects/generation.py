@@ -17,6 +17,8 @@ from mlx_omnia import (
     OmniaError,
     OptionSpec,
     Piece,
+    TokenLogprob,
+    Usage,
     generation_options,
 )
 from mlx_omnia.server.dialects.errors import from_engine
@@ -81,12 +83,17 @@ class Generation:
             return from_engine(error, self.input_field, self.names)
         return ApiError("internal", f"generation failed: {error}")
 
-    async def run(self, state: ServerState) -> list[Piece]:
+    async def run(self, state: ServerState) -> Answer:
         """Generate to the end."""
         try:
-            return await state.scheduler.run(state.job(self.model_id, self.input, self.options))
+            pieces = await state.scheduler.run(state.job(self.model_id, self.input, self.options))
         except Exception as e:
             raise self.error(e) from e
+        last = pieces[-1]
+        if last.usage is None:
+            raise ApiError("internal", "generation ended without a finish")
+        text = "".join(p.text for p in pieces)
+        return Answer(text, tuple(e for p in pieces for e in p.logprobs), last, last.usage)
 
     async def stream(self, state: ServerState) -> Stream:
         """Start generating and wait for the first piece, so that model, input and option errors
@@ -99,6 +106,17 @@ class Generation:
         except Exception as e:
             raise self.error(e) from e
         return Stream(self, first, pieces)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole generation: its text and log-probabilities, its last piece (finish reason, stop
+    sequence) and usage."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...]
+    last: Piece
+    usage: Usage
 
 
 class Stream:

@@ -1,0 +1,153 @@
+"""OpenAI chat completions: POST /chat/completions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import StrictBool, StrictInt, StrictStr
+
+from mlx_omnia import Chat, ChatMessage, Piece, TokenLogprob
+from mlx_omnia.server.dialects.common import new_id, token_text
+from mlx_omnia.server.dialects.generation import Options
+from mlx_omnia.server.dialects.openai.shared import (
+    HARMLESS,
+    LIMITS,
+    Reply,
+    Sampling,
+    accepted,
+    events,
+    parts_of,
+    refuse_part,
+    refuse_tools,
+    role_of,
+    sampling_options,
+    usage_of,
+)
+from mlx_omnia.server.errors import ApiError
+
+router = APIRouter()
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[StrictStr] | None = None
+
+
+def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": token_text(entry.token_bytes),
+        "logprob": entry.logprob,
+        "bytes": list(entry.token_bytes),
+        "top_logprobs": [
+            {"token": token_text(t.token_bytes), "logprob": t.logprob, "bytes": list(t.token_bytes)}
+            for t in entry.top
+        ],
+    }
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's `logprobs`: one entry a generated token (OpenAI's ChoiceLogprobs)."""
+    return {"content": [_chat_logprob(e) for e in entries], "refusal": None}
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(parts_of(content, where)):
+        text = part.get("text") if part is not None and part.get("type") == "text" else None
+        if not isinstance(text, str):
+            raise refuse_part(part, f"{where}[{j}]", "text parts")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+
+
+def chat_of(messages: list[dict[str, Any]]) -> Chat:
+    if not messages:
+        raise ApiError("invalid_request", "messages must not be empty", "messages")
+    out: list[ChatMessage] = []
+    for i, m in enumerate(messages):
+        role = role_of(ROLES, m, f"messages[{i}]")
+        if m.get("tool_calls") or m.get("function_call") or role == "tool":
+            raise ApiError("invalid_request", "tool calls are not supported yet", f"messages[{i}]")
+        if m.get("audio"):
+            raise ApiError(
+                "invalid_request", "audio is not supported by this model", f"messages[{i}].audio"
+            )
+        out.append({"role": role, "content": _text(m.get("content"), f"messages[{i}].content")})
+    return Chat(tuple(out))
+
+
+def options_of(body: ChatCompletionRequest) -> Options:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError("invalid_request", "top_logprobs needs logprobs set to true", "top_logprobs")
+    refuse_tools(body.tools, body.tool_choice)
+    if body.response_format and body.response_format.get("type") not in (None, "text"):
+        raise ApiError(
+            "invalid_request", "only response_format type 'text' is supported", "response_format"
+        )
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise ApiError("invalid_request", "only the text modality is supported", "modalities")
+    options = sampling_options(body, LIMITS)
+    if body.max_completion_tokens is not None:
+        options.set("max_tokens", body.max_completion_tokens, "max_completion_tokens")
+    else:
+        options.set("max_tokens", body.max_tokens)
+    if body.logprobs:
+        options.set("logprobs", body.top_logprobs or 0, "top_logprobs")
+    return options
+
+
+@router.post("/chat/completions", response_model=None)
+async def chat_completions(
+    request: Request, body: ChatCompletionRequest
+) -> JSONResponse | StreamingResponse:
+    state, model_id = accepted(request, body, body.model, HARMLESS)
+    generation = options_of(body).generation(model_id, chat_of(body.messages), "messages")
+    reply = Reply(new_id("chatcmpl-"), model_id)
+    if not body.stream:
+        answer = await generation.run(state)
+        message = {"role": "assistant", "content": answer.text, "refusal": None}
+        out = reply(
+            "chat.completion",
+            index=0,
+            message=message,
+            finish_reason=answer.last.finish_reason,
+            logprobs=chat_logprobs(answer.logprobs) if body.logprobs else None,
+        )
+        return JSONResponse({**out, "usage": usage_of(answer.usage)})
+    stream = await generation.stream(state)
+
+    def chunk(
+        delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return reply(
+            "chat.completion.chunk", index=0, delta=delta, finish_reason=finish, logprobs=logprobs
+        )
+
+    def chunk_of(piece: Piece, _: int) -> dict[str, Any]:
+        probs = chat_logprobs(piece.logprobs) if body.logprobs else None
+        return chunk({"content": piece.text}, logprobs=probs)
+
+    opening = chunk({"role": "assistant", "content": ""})
+    return events(stream, chunk_of, lambda finish: chunk({}, finish), body.stream_options, opening)

@@ -1,0 +1,111 @@
+"""OpenAI legacy completions: POST /completions (raw text in, raw text out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import StrictBool, StrictInt, StrictStr
+
+from mlx_omnia import Bounds, Piece, TokenLogprob
+from mlx_omnia.server.dialects.common import new_id, token_text
+from mlx_omnia.server.dialects.generation import Options
+from mlx_omnia.server.dialects.openai.shared import (
+    HARMLESS,
+    LIMITS,
+    Reply,
+    Sampling,
+    accepted,
+    events,
+    sampling_options,
+    usage_of,
+)
+from mlx_omnia.server.errors import ApiError
+
+router = APIRouter()
+
+# Legacy completions answer at most this many tokens when max_tokens is not given (as OpenAI's do).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+COMPLETIONS_LIMITS = {**LIMITS, "logprobs": Bounds(le=5)}  # alternatives a token
+
+
+class CompletionRequest(Sampling):
+    prompt: StrictStr | list[Any]
+    echo: StrictBool | None = None
+    suffix: StrictStr | None = None
+    logprobs: StrictInt | None = None
+    best_of: StrictInt | None = None
+
+
+def completion_logprobs(entries: tuple[TokenLogprob, ...], offset: int) -> dict[str, Any]:
+    """A legacy completion choice's `logprobs`; `offset`: characters of the completion's text
+    before these tokens (text_offset counts from the completion's start)."""
+    tokens: list[str] = []
+    offsets: list[int] = []
+    text = b""
+    for e in entries:
+        offsets.append(offset + len(text.decode("utf-8", errors="ignore")))
+        tokens.append(token_text(e.token_bytes))
+        text += e.token_bytes
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{token_text(t.token_bytes): t.logprob for t in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _prompt_of(prompt: str | list[Any]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if len(prompt) != 1:
+        raise ApiError(
+            "invalid_request", "prompt must be a string or a list of exactly one string", "prompt"
+        )
+    raise ApiError("invalid_request", "prompt as token ids is not supported; send text", "prompt")
+
+
+def _completion_options(body: CompletionRequest) -> Options:
+    if body.echo:
+        raise ApiError("invalid_request", "echo=true is not supported", "echo")
+    if body.suffix is not None:
+        raise ApiError("invalid_request", "suffix is not supported", "suffix")
+    if body.best_of not in (None, 1):
+        raise ApiError("invalid_request", "only best_of=1 is supported", "best_of")
+    options = sampling_options(body, COMPLETIONS_LIMITS)
+    max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    options.set("max_tokens", max_tokens)
+    options.set("logprobs", body.logprobs)
+    return options
+
+
+@router.post("/completions", response_model=None)
+async def completions(
+    request: Request, body: CompletionRequest
+) -> JSONResponse | StreamingResponse:
+    state, model_id = accepted(request, body, body.model, HARMLESS)
+    generation = _completion_options(body).generation(model_id, _prompt_of(body.prompt), "prompt")
+    reply = Reply(new_id("cmpl-"), model_id)
+
+    def completion(
+        text: str, finish: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return reply("text_completion", text=text, index=0, logprobs=logprobs, finish_reason=finish)
+
+    wants = body.logprobs is not None
+    if not body.stream:
+        answer = await generation.run(state)
+        probs = completion_logprobs(answer.logprobs, 0) if wants else None
+        out = completion(answer.text, answer.last.finish_reason, probs)
+        return JSONResponse({**out, "usage": usage_of(answer.usage)})
+    stream = await generation.stream(state)
+
+    def chunk_of(piece: Piece, sent: int) -> dict[str, Any]:
+        return completion(
+            piece.text, None, completion_logprobs(piece.logprobs, sent) if wants else None
+        )
+
+    return events(stream, chunk_of, lambda finish: completion("", finish), body.stream_options)

@@ -1,0 +1,281 @@
+"""OpenAI responses: POST /responses (stateless: the whole conversation comes in `input`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
+
+from mlx_omnia import Chat, ChatMessage, Piece
+from mlx_omnia.server.dialects.common import Request as Body
+from mlx_omnia.server.dialects.common import new_id, now, sse
+from mlx_omnia.server.dialects.generation import Options
+from mlx_omnia.server.dialects.openai.shared import (
+    HARMLESS,
+    LIMITS,
+    accepted,
+    as_dict,
+    parts_of,
+    refuse_part,
+    refuse_tools,
+    role_of,
+)
+from mlx_omnia.server.errors import ApiError
+
+router = APIRouter()
+
+RESPONSES_HARMLESS = (*HARMLESS, "stream_options", "max_tool_calls", "background_options")
+
+
+class ResponsesRequest(Body):
+    model: StrictStr | None = None
+    input: StrictStr | list[Any]
+    instructions: StrictStr | None = None
+    max_output_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    stream: StrictBool | None = False
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    previous_response_id: StrictStr | None = None
+    conversation: Any = None
+    prompt: Any = None
+    include: list[Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    truncation: StrictStr | None = None
+    background: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+
+
+RESPONSE_ROLES: dict[str, Literal["system", "user", "assistant"]] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+
+
+def _item_text(content: Any, role: str, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    allowed = ("output_text", "refusal") if role == "assistant" else ("input_text",)
+    texts: list[str] = []
+    for j, part in enumerate(parts_of(content, where)):
+        kind = part.get("type") if part is not None else None
+        text = part.get("refusal" if kind == "refusal" else "text") if part is not None else None
+        if kind not in allowed or not isinstance(text, str):
+            raise refuse_part(part, f"{where}[{j}]", " or ".join(allowed))
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _responses_chat(body: ResponsesRequest) -> Chat:
+    messages: list[ChatMessage] = []
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+    if isinstance(body.input, str):
+        messages.append({"role": "user", "content": body.input})
+        return Chat(tuple(messages))
+    if not body.input:
+        raise ApiError("invalid_request", "input must not be empty", "input")
+    for i, raw in enumerate(body.input):
+        where = f"input[{i}]"
+        item = as_dict(raw)
+        if item is None:
+            raise ApiError("invalid_request", f"{where} must be an object", where)
+        kind = item.get("type", "message")
+        if kind != "message":
+            raise ApiError(
+                "invalid_request",
+                f"{where}: item type {kind!r} is not supported (messages only)",
+                where,
+            )
+        role = role_of(RESPONSE_ROLES, item, where)
+        messages.append(
+            {"role": role, "content": _item_text(item.get("content"), role, f"{where}.content")}
+        )
+    return Chat(tuple(messages))
+
+
+def _responses_options(body: ResponsesRequest) -> Options:
+    refuse_tools(body.tools, body.tool_choice)
+    if body.previous_response_id is not None:
+        raise ApiError(
+            "invalid_request",
+            "previous_response_id is not supported: this server stores no responses; send the "
+            "whole conversation in input",
+            "previous_response_id",
+        )
+    if body.conversation is not None:
+        raise ApiError(
+            "invalid_request",
+            "conversations are not supported: send the whole conversation in input",
+            "conversation",
+        )
+    if body.prompt is not None:
+        raise ApiError("invalid_request", "stored prompts are not supported", "prompt")
+    if body.include:
+        raise ApiError("invalid_request", "include is not supported", "include")
+    if body.reasoning and any(v is not None for v in body.reasoning.values()):
+        raise ApiError(
+            "invalid_request", "reasoning options are not supported by this model", "reasoning"
+        )
+    if body.text:
+        fmt = body.text.get("format")
+        if fmt is not None and (as_dict(fmt) or {}).get("type") != "text":
+            raise ApiError(
+                "invalid_request", "only text.format type 'text' is supported", "text.format"
+            )
+        if body.text.get("verbosity") is not None:
+            raise ApiError("invalid_request", "text.verbosity is not supported", "text.verbosity")
+        for key in body.text:
+            if key not in ("format", "verbosity"):
+                raise ApiError("invalid_request", f"text.{key} is not supported", f"text.{key}")
+    if body.truncation not in (None, "disabled"):
+        raise ApiError("invalid_request", "only truncation 'disabled' is supported", "truncation")
+    if body.background:
+        raise ApiError("invalid_request", "background responses are not supported", "background")
+    if body.top_logprobs:
+        raise ApiError("invalid_request", "logprobs are not supported yet", "top_logprobs")
+    options = Options(LIMITS)
+    options.set("max_tokens", body.max_output_tokens, "max_output_tokens")
+    options.set("temperature", body.temperature)
+    options.set("top_p", body.top_p)
+    return options
+
+
+class _ResponseShape:
+    """Builds the Response object and its output message as generation goes."""
+
+    def __init__(self, body: ResponsesRequest, model_id: str) -> None:
+        self.body = body
+        self.model_id = model_id
+        self.id = new_id("resp_")
+        self.item_id = new_id("msg_")
+        self.created = now()
+
+    def part(self, text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def item(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.item_id,
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": content,
+        }
+
+    def response(
+        self, status: str, output: list[dict[str, Any]], piece: Piece | None = None
+    ) -> dict[str, Any]:
+        b = self.body
+        usage = None
+        incomplete = None
+        completed_at = None
+        if piece is not None and piece.usage is not None:
+            u = piece.usage
+            usage = {
+                "input_tokens": u.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens": u.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+            }
+            if piece.finish_reason == "length":
+                incomplete = {"reason": "max_output_tokens"}
+            else:
+                completed_at = now()
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "completed_at": completed_at,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": b.instructions,
+            "max_output_tokens": b.max_output_tokens,
+            "model": self.model_id,
+            "output": output,
+            "parallel_tool_calls": False,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,
+            "temperature": b.temperature,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "none",
+            "tools": [],
+            "top_p": b.top_p,
+            "truncation": "disabled",
+            "usage": usage,
+            "user": getattr(b, "user", None),
+            "metadata": getattr(b, "metadata", None) or {},
+        }
+
+
+@router.post("/responses", response_model=None)
+async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | StreamingResponse:
+    state, model_id = accepted(request, body, body.model, RESPONSES_HARMLESS)
+    generation = _responses_options(body).generation(model_id, _responses_chat(body), "input")
+    shape = _ResponseShape(body, model_id)
+    if not body.stream:
+        answer = await generation.run(state)
+        status = "incomplete" if answer.last.finish_reason == "length" else "completed"
+        item = shape.item(status, [shape.part(answer.text)])
+        return JSONResponse(shape.response(status, [item], answer.last))
+    stream = await generation.stream(state)
+
+    async def events() -> AsyncIterator[str]:
+        seq = 0
+
+        def event(kind: str, **fields: Any) -> str:
+            nonlocal seq
+            out = sse({"type": kind, "sequence_number": seq, **fields}, event=kind)
+            seq += 1
+            return out
+
+        where = {"item_id": shape.item_id, "output_index": 0}
+        yield event("response.created", response=shape.response("in_progress", []))
+        yield event("response.in_progress", response=shape.response("in_progress", []))
+        yield event(
+            "response.output_item.added", output_index=0, item=shape.item("in_progress", [])
+        )
+        yield event("response.content_part.added", **where, content_index=0, part=shape.part(""))
+        texts: list[str] = []
+        try:
+            async for piece in stream:
+                if piece.text:
+                    texts.append(piece.text)
+                    yield event(
+                        "response.output_text.delta",
+                        **where,
+                        content_index=0,
+                        delta=piece.text,
+                        logprobs=[],
+                    )
+                if piece.finish_reason is None:
+                    continue
+                text = "".join(texts)
+                status = "incomplete" if piece.finish_reason == "length" else "completed"
+                item = shape.item(status, [shape.part(text)])
+                yield event(
+                    "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+                )
+                yield event(
+                    "response.content_part.done", **where, content_index=0, part=shape.part(text)
+                )
+                yield event("response.output_item.done", output_index=0, item=item)
+                yield event(f"response.{status}", response=shape.response(status, [item], piece))
+        except Exception as e:
+            err = stream.error(e)
+            code = "model_not_found" if err.kind == "not_found" else err.kind
+            yield event("error", code=code, message=err.message, param=err.param)
+        finally:
+            await stream.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream")

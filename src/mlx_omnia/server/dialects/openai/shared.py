@@ -1,0 +1,211 @@
+"""What the OpenAI dialect's APIs share: ignored fields, the sampling fields of chat and legacy
+completions and OpenAI's bounds on them, the request's model, their event streams, usage,
+content parts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from mlx_omnia import Bounds, Piece, Usage
+from mlx_omnia.server.dialects.common import Request as Body
+from mlx_omnia.server.dialects.common import now, refuse_unknown, sse
+from mlx_omnia.server.dialects.errors import error_body
+from mlx_omnia.server.dialects.generation import Options, Stream
+from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.state import ServerState, state_of
+
+R = TypeVar("R", bound=str)
+
+# Fields accepted and ignored because they cannot change the output.
+HARMLESS = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+)
+# OpenAI's own bounds, tighter than the engine's (logprobs: chat's top_logprobs, alternatives a
+# token).
+LIMITS = {
+    "max_tokens": Bounds(ge=1),
+    "temperature": Bounds(le=2.0),
+    "presence_penalty": Bounds(ge=-2.0, le=2.0),
+    "frequency_penalty": Bounds(ge=-2.0, le=2.0),
+    "logit_bias": Bounds(ge=-100.0, le=100.0),
+    "stop": Bounds(max_items=4, nonempty=True),
+    "logprobs": Bounds(le=20),
+}
+
+
+def accepted(
+    request: Request, body: BaseModel, model: str | None, harmless: tuple[str, ...]
+) -> tuple[ServerState, str]:
+    """The server and the canonical id of `model`, for a request whose unknown fields are all
+    `harmless` or null (they cannot change the output); any other one is refused by name."""
+    nulls = tuple(name for name, value in (body.model_extra or {}).items() if value is None)
+    refuse_unknown(body, (*harmless, *nulls))
+    state = state_of(request)
+    return state, state.manager.check_id(model)
+
+
+def role_of(roles: Mapping[str, R], message: Mapping[str, Any], where: str) -> R:
+    role = roles.get(str(message.get("role")))
+    if role is None:
+        raise ApiError(
+            "invalid_request", f"{where}.role {message.get('role')!r} is not valid", f"{where}.role"
+        )
+    return role
+
+
+def refuse_tools(tools: list[Any] | None, tool_choice: object) -> None:
+    if tools:
+        raise ApiError("invalid_request", "tools are not supported yet", "tools")
+    if tool_choice not in (None, "none", "auto"):
+        raise ApiError(
+            "invalid_request", "tool_choice needs tools, which are not supported yet", "tool_choice"
+        )
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool | None = False
+    include_obfuscation: StrictBool | None = None  # harmless: only pads stream events
+
+
+class Sampling(Body):
+    """Fields shared by chat and legacy completions."""
+
+    model: StrictStr
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+    n: StrictInt | None = None
+
+
+def sampling_options(body: Sampling, limits: Mapping[str, Bounds]) -> Options:
+    """The options of the fields chat and legacy completions share, under OpenAI's `limits`."""
+    if body.n not in (None, 1):
+        raise ApiError("invalid_request", "only n=1 is supported", "n")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(
+            "invalid_request",
+            "stream_options is only allowed when stream is true",
+            "stream_options",
+        )
+    bias: dict[int, float] = {}
+    for key, value in (body.logit_bias or {}).items():
+        if not key.isdigit():
+            raise ApiError(
+                "invalid_request", f"logit_bias key {key!r} is not a token id", "logit_bias"
+            )
+        bias[int(key)] = value
+    options = Options(limits)
+    options.set("temperature", body.temperature)
+    options.set("top_p", body.top_p)
+    options.set("stop", [body.stop] if isinstance(body.stop, str) else body.stop)
+    options.set("seed", body.seed)
+    options.set("presence_penalty", body.presence_penalty)
+    options.set("frequency_penalty", body.frequency_penalty)
+    options.set("logit_bias", bias)
+    return options
+
+
+def usage_of(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One answer's objects (the whole chat completion or completion, or each chunk): its id, the
+    time it was created and the model, then the one choice."""
+
+    id: str
+    model: str
+    created: int = field(default_factory=now)
+
+    def __call__(self, object: str, **choice: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+
+
+def events(
+    stream: Stream,
+    chunk_of: Callable[[Piece, int], dict[str, Any]],
+    finish: Callable[[str | None], dict[str, Any]],
+    options: StreamOptions | None,
+    opening: dict[str, Any] | None = None,
+) -> StreamingResponse:
+    """Server-sent events of chat or legacy completion chunks: `opening`, then `chunk_of` each
+    piece with text or log-probabilities (and the characters sent before it), the `finish` chunk
+    with its reason and, with options.include_usage, one with the usage; an error object if
+    generation fails on the way; [DONE]."""
+    include_usage = bool(options and options.include_usage)
+
+    async def lines() -> AsyncIterator[str]:
+        if opening is not None:
+            yield sse(opening)
+        sent = 0
+        try:
+            async for piece in stream:
+                if piece.text or piece.logprobs:
+                    yield sse(chunk_of(piece, sent))
+                    sent += len(piece.text)
+                if piece.finish_reason is None:
+                    continue
+                yield sse(finish(piece.finish_reason))
+                if include_usage and piece.usage is not None:
+                    yield sse({**finish(None), "choices": [], "usage": usage_of(piece.usage)})
+        except Exception as e:
+            yield sse(error_body("openai", stream.error(e)))
+        finally:
+            await stream.aclose()
+        yield sse("[DONE]")
+
+    return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+def as_dict(value: object) -> dict[str, Any] | None:
+    return cast("dict[str, Any]", value) if isinstance(value, dict) else None
+
+
+def parts_of(content: object, where: str) -> list[dict[str, Any] | None]:
+    if not isinstance(content, list):
+        raise ApiError(
+            "invalid_request", f"{where} must be a string or a list of content parts", where
+        )
+    return [as_dict(part) for part in cast("list[object]", content)]
+
+
+def refuse_part(part: dict[str, Any] | None, where: str, allowed: str) -> ApiError:
+    kind = part.get("type") if part is not None else None
+    return ApiError(
+        "invalid_request",
+        f"{where}: content part {kind!r} is not supported by this model ({allowed} only)",
+        where,
+    )
