@@ -74,6 +74,13 @@ def format_name(options: dict[str, Any]) -> str:
     return dtype if q is None else f"q{q['bits']}g{q['group_size']}-{dtype}"
 
 
+def readable_format(options: dict[str, Any]) -> str:
+    """bfloat16, or affine 4-bit g64 with bfloat16 activations."""
+    q = cast(dict[str, Any] | None, options.get("quantize"))
+    dtype = str(options["dtype"])
+    return dtype if q is None else f"affine {q['bits']}-bit g{q['group_size']} ({dtype} activations)"
+
+
 def device_name(report: dict[str, Any]) -> str:
     """The card's name on a GPU, else the backend and the CPU's name."""
     card = report.get("bandwidth", {}).get("card")
@@ -235,17 +242,17 @@ def headline_section(reports: Sequence[dict[str, Any]]) -> str:
         if r["command"] == "interleaved" and r["options"].get("like_for_like", True):
             latest[(device_name(r), str(r["model"].get("shape")), format_name(r["options"]))] = r
     lines: list[str] = []
-    for (device, model, fmt), r in latest.items():
+    for (device, model, _), r in latest.items():
         ours = _rows(r).get("omnia", {})
         env = r["environment"]
         runs = _runs(r.get("generate_ratio_per_run", {}).get("omnia"))
         lines.append(
-            f"- {model} ({fmt}, both engines), {device}: free generation "
-            f"{_x(ours.get('generate_ratio'))} mlx-lm's rate (runs {runs or '-'}), "
-            f"{_rate(ours.get('generate_tok_s'))} tok/s; teacher-forced decode "
+            f"- `{model}` shape, {readable_format(r['options'])}, {device} (commit "
+            f"`{env.get('mlx_omnia_revision')}`, {str(env['date'])[:10]}): generation "
+            f"**{_x(ours.get('generate_ratio'))}** mlx-lm (runs {runs or '-'}; "
+            f"{_rate(ours.get('generate_tok_s'))} tok/s); teacher-forced decode "
             f"{_x(ours.get('decode_ratio'))}, {_pct(ours.get('floor_share'))} of the measured "
-            f"floor ({_pct(ours.get('spec_share'))} of the datasheet's); commit "
-            f"`{env.get('mlx_omnia_revision')}`, {str(env['date'])[:10]}"
+            f"memory-bandwidth floor ({_pct(ours.get('spec_share'))} of the datasheet's)"
             + ("" if r.get("gate_passed") else "; **the logits gate failed**")
         )
     return "\n".join(lines) or "- (no published results yet)"
