@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mlx_omnia.bench import gate, measure, table
 from mlx_omnia.bench import main as bench
-from mlx_omnia.bench import measure
 from mlx_omnia.bench.shapes import SHAPES, build_checkpoint, checkpoint_bytes, tensor_shapes
 
 HAS_MLX_LM = measure.mlx_lm_importable() is not None
@@ -75,7 +75,7 @@ def test_interleaved_float32_arms_compute_the_same_logits(tmp_path: Path) -> Non
     for arm in arms[1:]:
         check = report["checks"][arm]
         assert check["argmax_agree"] == check["steps"] == 8 and check["argmax_flips"] == []
-        assert check["passed"] and check["tolerance"] == bench.gate_tolerance(
+        assert check["passed"] and check["tolerance"] == gate.gate_tolerance(
             "float32", quantized=False, backend="cpu"
         )
         assert check["prefill_last_argmax"][0] == check["prefill_last_argmax"][1]
@@ -213,11 +213,11 @@ def test_gate_tolerance_is_fixed_per_dtype_and_format() -> None:
     """2^(slack - p) of the largest |logit| for p significand bits (slack 4 for 16-bit formats,
     10 for float32's long reductions), twice that quantized; float32 on CUDA counts as TF32.
     Never derived from the arms under test."""
-    assert bench.gate_tolerance("bfloat16", quantized=False, backend="cuda") == 2.0**-4
-    assert bench.gate_tolerance("bfloat16", quantized=True, backend="cuda") == 2.0**-3
-    assert bench.gate_tolerance("float16", quantized=False, backend="cuda") == 2.0**-7
-    assert bench.gate_tolerance("float32", quantized=False, backend="cuda") == 2.0**-7
-    assert bench.gate_tolerance("float32", quantized=False, backend="cpu") == 2.0**-14
+    assert gate.gate_tolerance("bfloat16", quantized=False, backend="cuda") == 2.0**-4
+    assert gate.gate_tolerance("bfloat16", quantized=True, backend="cuda") == 2.0**-3
+    assert gate.gate_tolerance("float16", quantized=False, backend="cuda") == 2.0**-7
+    assert gate.gate_tolerance("float32", quantized=False, backend="cuda") == 2.0**-7
+    assert gate.gate_tolerance("float32", quantized=False, backend="cpu") == 2.0**-14
 
 
 def _result(prefill: list[float], tops: list[dict[int, float]]) -> measure.RunResult:
@@ -232,19 +232,19 @@ def test_gate_passes_rounding_and_near_ties_and_fails_anything_else() -> None:
     ref = _result([4.0, 1.0], [{1: 10.0, 2: 5.0}, {3: 10.0, 4: 9.95}])
     # rounding within the tolerance, and a flip where the reference's margin is 0.5 %
     ok = _result([4.02, 1.0], [{1: 10.05, 2: 5.0}, {3: 9.96, 4: 9.99}])
-    check = bench.gate(ref, ok, tol)
+    check = gate.gate(ref, ok, tol)
     assert check["passed"] and check["argmax_agree"] == 1
     assert check["argmax_flips"] == [{"step": 1, "margin": pytest.approx(0.005), "near_tie": True}]
     assert check["decode_rel_diff"] == pytest.approx([0.005, 0.004])
     # a clear winner flipped (margin 50 %): fails, though every logit is within the tolerance
     # of its step apart from that one
     flipped = _result([4.0, 1.0], [{1: 5.0, 2: 10.0}, {3: 10.0, 4: 9.95}])
-    assert not bench.gate(ref, flipped, tol)["passed"]
+    assert not gate.gate(ref, flipped, tol)["passed"]
     # the prompt's logits off by 2 %
-    assert not bench.gate(ref, _result([4.08, 1.0], ref.decode_top), tol)["passed"]
+    assert not gate.gate(ref, _result([4.08, 1.0], ref.decode_top), tol)["passed"]
     # one decode step's logits off by 2 % without changing its argmax
     drift = _result([4.0, 1.0], [{1: 10.2, 2: 5.0}, {3: 10.0, 4: 9.95}])
-    assert not bench.gate(ref, drift, tol)["passed"]
+    assert not gate.gate(ref, drift, tol)["passed"]
 
 
 def test_per_run_ratios_pair_each_run_with_the_baselines_same_run() -> None:
@@ -256,7 +256,7 @@ def test_per_run_ratios_pair_each_run_with_the_baselines_same_run() -> None:
                                  decode_pipelined_s=pipelined_s)
 
     results = {"omnia": [run(0.002), run(0.004)], "mlx-lm": [run(0.006), run(0.006)]}
-    ratios = bench.per_run_decode_ratios(results, "mlx-lm")
+    ratios = table.per_run_decode_ratios(results, "mlx-lm")
     assert ratios.keys() == {"omnia"}
     assert ratios["omnia"] == pytest.approx([3.0, 1.5])
-    assert bench.per_run_decode_ratios(results, "absent") == {}
+    assert table.per_run_decode_ratios(results, "absent") == {}

@@ -319,7 +319,7 @@ def reference_model(path: Path, quantize: dict[str, int] | None) -> Any:
 def greedy_tolerance(quantize: dict[str, int] | None) -> float:
     """The bench's gate (docs/benchmarks.md, "The gate"), fixed per dtype and format, never
     measured from the two paths it judges: bf16 6.25 % of the largest |logit|, 4-bit 12.5 %."""
-    from mlx_omnia.bench.main import gate_tolerance
+    from mlx_omnia.bench.gate import gate_tolerance
 
     return gate_tolerance("bfloat16", quantized=quantize is not None, backend="cuda")
 
