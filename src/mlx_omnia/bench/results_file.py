@@ -87,7 +87,7 @@ def device_name(report: dict[str, Any]) -> str:
     if card:
         return str(card)
     env = report["environment"]
-    return f"{env.get('backend', '?')} {env.get('device_name') or env.get('platform', '')}".strip()
+    return f"{str(env.get('backend', '?')).upper()} ({env.get('device_name') or env.get('platform')})"
 
 
 def file_name(report: dict[str, Any]) -> str:
@@ -252,7 +252,9 @@ def headline_section(reports: Sequence[dict[str, Any]]) -> str:
             f"**{_x(ours.get('generate_ratio'))}** mlx-lm (runs {runs or '-'}; "
             f"{_rate(ours.get('generate_tok_s'))} tok/s); teacher-forced decode "
             f"{_x(ours.get('decode_ratio'))}, {_pct(ours.get('floor_share'))} of the measured "
-            f"memory-bandwidth floor ({_pct(ours.get('spec_share'))} of the datasheet's)"
+            "memory-bandwidth floor"
+            + ("" if ours.get("spec_share") is None else
+               f" ({_pct(ours.get('spec_share'))} of the datasheet's)")
             + ("" if r.get("gate_passed") else "; **the logits gate failed**")
         )
     return "\n".join(lines) or "- (no published results yet)"
