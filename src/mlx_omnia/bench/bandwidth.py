@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 import mlx.core as mx
@@ -36,20 +37,74 @@ SPEC_BANDWIDTH: tuple[tuple[str, float], ...] = (
     ("L40S", 0.864e12),
 )
 
-COPY_THREADS_CUDA = 256
-COPY_BLOCKS_PER_SM = 8
+CUDA_HEADER = """
+__device__ __forceinline__ float4 ld_plain(const float4* p) { return *p; }
+__device__ __forceinline__ float4 ld_ldg(const float4* p) { return __ldg(p); }
+__device__ __forceinline__ float4 ld_ldcs(const float4* p) { return __ldcs(p); }
+__device__ __forceinline__ void st_plain(float4* p, float4 v) { *p = v; }
+__device__ __forceinline__ void st_stcs(float4* p, float4 v) { __stcs(p, v); }
+"""
+# grid-stride over float4s, `unroll` loads in flight per thread, then their stores
 CUDA_COPY_SOURCE = """
     const unsigned long long n4 = {n4}ULL;
     const float4* s = reinterpret_cast<const float4*>(src);
     float4* d = reinterpret_cast<float4*>(dst);
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n4; i += 4 * stride) {{
-        float4 a = s[i], b = s[i + stride], c = s[i + 2 * stride], e = s[i + 3 * stride];
-        d[i] = a; d[i + stride] = b; d[i + 2 * stride] = c; d[i + 3 * stride] = e;
+    for (; i + {last} * stride < n4; i += {unroll} * stride) {{
+        float4 v[{unroll}];
+        #pragma unroll
+        for (int k = 0; k < {unroll}; ++k) v[k] = ld_{load}(s + i + k * stride);
+        #pragma unroll
+        for (int k = 0; k < {unroll}; ++k) st_{store}(d + i + k * stride, v[k]);
     }}
-    for (; i < n4; i += stride) d[i] = s[i];
+    for (; i < n4; i += stride) st_{store}(d + i, ld_{load}(s + i));
 """
+# the same loads summed: one atomic add a warp (reads n bytes, writes one float)
+CUDA_READ_SOURCE = """
+    const unsigned long long n4 = {n4}ULL;
+    const float4* s = reinterpret_cast<const float4*>(src);
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    float acc = 0.f;
+    for (; i + {last} * stride < n4; i += {unroll} * stride) {{
+        float4 v[{unroll}];
+        #pragma unroll
+        for (int k = 0; k < {unroll}; ++k) v[k] = ld_{load}(s + i + k * stride);
+        #pragma unroll
+        for (int k = 0; k < {unroll}; ++k) acc += (v[k].x + v[k].y) + (v[k].z + v[k].w);
+    }}
+    for (; i < n4; i += stride) {{ float4 v = ld_{load}(s + i); acc += (v.x + v.y) + (v.z + v.w); }}
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(dst, acc);
+"""
+
+
+@dataclass(frozen=True)
+class CudaVariant:
+    """One CUDA memory kernel: copy or read, its loads/stores, loads in flight, launch shape."""
+
+    kind: str          # "copy" (bytes read + written) or "read" (bytes read)
+    load: str          # plain, ldg (read-only cache path) or ldcs (streaming)
+    store: str         # plain or stcs (streaming)
+    unroll: int
+    blocks_per_sm: int
+    threads: int
+
+    @property
+    def name(self) -> str:
+        return (f"cuda_{self.kind}_{self.load}_{self.store}_u{self.unroll}_"
+                f"{self.blocks_per_sm}x{self.threads}")
+
+
+CUDA_VARIANTS = (
+    CudaVariant("copy", "plain", "plain", 4, 8, 256),
+    CudaVariant("copy", "ldcs", "stcs", 4, 8, 256),
+    CudaVariant("copy", "ldcs", "stcs", 8, 4, 512),
+    CudaVariant("copy", "ldg", "plain", 8, 2, 1024),
+    CudaVariant("read", "ldg", "plain", 8, 8, 256),
+    CudaVariant("read", "ldcs", "plain", 8, 4, 512),
+)
 
 
 @dataclass(frozen=True)
@@ -106,34 +161,36 @@ def mlx_sum(nbytes: int, reps: int = 10) -> float:
     return 4 * max(nbytes // 4, 1) / _median_time(run, reps)
 
 
-def cuda_copy(nbytes: int, reps: int = 10) -> float:
-    """A grid-stride copy of float4s, four in flight per thread (mx.fast.cuda_kernel)."""
+def cuda_kernel_bandwidth(variant: CudaVariant, nbytes: int, reps: int = 10) -> float:
+    """One CUDA memory kernel's bandwidth (mx.fast.cuda_kernel); a copy is checked to copy."""
     n4 = max(nbytes // 16, 1)
-    sms = _cuda_sm_count()
+    template = CUDA_COPY_SOURCE if variant.kind == "copy" else CUDA_READ_SOURCE
+    source = template.format(n4=n4, unroll=variant.unroll, last=variant.unroll - 1,
+                             load=variant.load, store=variant.store)
     kernel: Any = mx.fast.cuda_kernel(
-        name=f"omnia_bench_copy_{n4}", input_names=["src"], output_names=["dst"],
-        source=CUDA_COPY_SOURCE.format(n4=n4), ensure_row_contiguous=True,
+        name=f"omnia_bench_{variant.name}_{n4}", input_names=["src"], output_names=["dst"],
+        source=source, header=CUDA_HEADER, ensure_row_contiguous=True,
     )
     a = mx.random.uniform(shape=(4 * n4,))
     evaluate(a)
-    threads = sms * COPY_BLOCKS_PER_SM * COPY_THREADS_CUDA
+    threads = _cuda_sm_count() * variant.blocks_per_sm * variant.threads
+    copy = variant.kind == "copy"
+
+    def launch() -> mx.array:
+        out = cast(list[mx.array], kernel(
+            inputs=[a], output_shapes=[a.shape if copy else (1,)], output_dtypes=[mx.float32],
+            grid=(threads, 1, 1), threadgroup=(variant.threads, 1, 1),
+            **({} if copy else {"init_value": 0}),
+        ))
+        return out[0]
+
+    if copy and not bool(mx.array_equal(launch(), a).item()):
+        raise RuntimeError(f"{variant.name} did not copy its input")
 
     def run() -> None:
-        out = cast(list[mx.array], kernel(
-            inputs=[a], output_shapes=[a.shape], output_dtypes=[mx.float32],
-            grid=(threads, 1, 1), threadgroup=(COPY_THREADS_CUDA, 1, 1),
-        ))
-        evaluate(out[0])
+        evaluate(launch())
 
-    run()
-    check = cast(list[mx.array], kernel(
-        inputs=[a], output_shapes=[a.shape], output_dtypes=[mx.float32],
-        grid=(threads, 1, 1), threadgroup=(COPY_THREADS_CUDA, 1, 1),
-    ))[0]
-    if not bool(mx.array_equal(check, a).item()):
-        raise RuntimeError("the CUDA copy kernel did not copy its input")
-    del check
-    return 2 * 16 * n4 / _median_time(run, reps)
+    return (2 if copy else 1) * 16 * n4 / _median_time(run, reps)
 
 
 def host_copy(nbytes: int, reps: int = 10, threads: int | None = None) -> float:
@@ -227,7 +284,8 @@ def measure(nbytes: int, *, backend: str | None) -> Bandwidth:
     fatal, as long as one succeeds."""
     methods: dict[str, Callable[[int], float]] = {"mlx_add": mlx_add, "mlx_sum": mlx_sum}
     if backend == "cuda":
-        methods["cuda_copy_float4"] = cuda_copy
+        for variant in CUDA_VARIANTS:
+            methods[variant.name] = partial(cuda_kernel_bandwidth, variant)
     if backend in ("cpu", None):
         methods["host_memcpy"] = host_copy
         methods["host_sum"] = host_read
