@@ -148,6 +148,16 @@ def _format_cell(report: dict[str, Any]) -> str:
     return f"{fmt}, both arms" if report["command"] == "interleaved" else fmt
 
 
+def _worst(report: dict[str, Any]) -> str:
+    """The gate's largest relative logit difference over its tolerance, e.g. " (0.037 of 0.0625)"."""
+    checks = cast(dict[str, dict[str, Any]], report.get("checks") or {})
+    if not checks:
+        return ""
+    worst = max(max(c["prefill_max_rel_diff"], c["decode_max_rel_diff"]) for c in checks.values())
+    tolerance = next(iter(checks.values()))["tolerance"]
+    return f" ({worst:.2g} of {tolerance:.2g})"
+
+
 def interleaved_table(reports: Sequence[dict[str, Any]]) -> str:
     head = ("date", "commit", "device", "model", "format", "prompt / new", "runs",
             "decode vs mlx-lm (each run)", "generate vs mlx-lm (each run)", "prefill vs mlx-lm",
@@ -162,7 +172,7 @@ def interleaved_table(reports: Sequence[dict[str, Any]]) -> str:
         env, options = r["environment"], r["options"]
         decode_runs = r.get("decode_ratio_per_run", {}).get("omnia")
         gen_runs = r.get("generate_ratio_per_run", {}).get("omnia")
-        gate = "pass" if r.get("gate_passed") else "**FAIL**"
+        gate = ("pass" if r.get("gate_passed") else "**FAIL**") + _worst(r)
         cells = (
             str(env["date"])[:10], f"`{env.get('mlx_omnia_revision')}`", device_name(r),
             str(r["model"].get("shape") or r["model"].get("source")), _format_cell(r),
@@ -180,19 +190,22 @@ def interleaved_table(reports: Sequence[dict[str, Any]]) -> str:
 
 
 def bandwidth_table(reports: Sequence[dict[str, Any]]) -> str:
-    lines = ["| date | device | methods (GB/s) | best | datasheet |", "|---|---|---|---|---|"]
-    seen: set[tuple[str, str]] = set()
+    lines = ["| date | commit | device | run of | methods (GB/s) | best | datasheet |",
+             "|---|---|---|---|---|---|---|"]
     for r in reports:
         bw = cast(dict[str, Any], r.get("bandwidth") or {})
-        key = (str(r["environment"]["date"])[:10], device_name(r))
-        if not bw or key in seen:
+        if not bw:
             continue
-        seen.add(key)
+        env = r["environment"]
         methods = ", ".join(
             f"{k} {v / 1e9:,.0f}" for k, v in cast(dict[str, float], bw["methods"]).items()
         )
         spec = "-" if bw.get("spec") is None else f"{bw['spec'] / 1e9:,.0f} GB/s"
-        lines.append(f"| {key[0]} | {key[1]} | {methods} | {bw['best'] / 1e9:,.0f} GB/s | {spec} |")
+        lines.append(
+            f"| {str(env['date'])[:10]} | `{env.get('mlx_omnia_revision')}` | {device_name(r)} | "
+            f"{r['model'].get('shape')} {format_name(r['options'])} | {methods} | "
+            f"{bw['best'] / 1e9:,.0f} GB/s | {spec} |"
+        )
     return "\n".join(lines)
 
 
