@@ -149,3 +149,16 @@ def test_a_prompt_fed_last_only_is_prefilled_as_generation_prefills_it(
                                np.array(a.feed(more)[-1:]), rtol=1e-5, atol=1e-5)
     a.close()
     b.close()
+
+
+def test_teacher_forcing_a_greedy_answer_gives_back_its_tokens(tiny) -> None:  # type: ignore[no-untyped-def]
+    """Generation and `Model.decoding()` run one driver: feeding a greedy answer back token by
+    token, each step's argmax is the token generation chose next."""
+    options = GenerationOptions(max_tokens=20, temperature=0, stop_token_ids=())
+    answer = tiny.generate("teacher forcing", options).token_ids
+    with tiny.decoding() as decoding:
+        logits = decoding.feed(tiny.encode("teacher forcing"), last_only=True)
+        chosen = [int(mx.argmax(logits[-1]).item())]
+        for token in answer[:-1]:
+            chosen.append(int(mx.argmax(decoding.feed([token])[-1]).item()))
+    assert tuple(chosen) == answer

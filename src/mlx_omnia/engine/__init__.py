@@ -24,6 +24,7 @@ from mlx_omnia.engine.errors import (
     TokenizerError,
     UnsupportedModelError,
 )
+from mlx_omnia.engine.generate.loop import Decoding
 from mlx_omnia.engine.loading import load
 from mlx_omnia.engine.loading.cache import (
     CachedModel,
@@ -34,7 +35,7 @@ from mlx_omnia.engine.loading.cache import (
     estimate_memory,
     pull,
 )
-from mlx_omnia.engine.model import Decoding, Model
+from mlx_omnia.engine.model import Model
 from mlx_omnia.engine.runtime import runtime_info
 from mlx_omnia.engine.types import (
     Bounds,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -14,15 +13,9 @@ import mlx.nn as nn
 from mlx_omnia.engine.core.binding import bindings
 from mlx_omnia.engine.core.layers import Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
-from mlx_omnia.engine.core.mxcompat import flat_parameters, named_modules
+from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, named_modules
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
-from mlx_omnia.engine.generate.loop import (
-    CompiledStep,
-    Network,
-    compile_enabled,
-    generate_tokens,
-    prefill,
-)
+from mlx_omnia.engine.generate.loop import Decoding, Network, generate_tokens
 from mlx_omnia.engine.generate.sampling import SampledLogprobs, Sampler, SamplingParams
 from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
@@ -84,68 +77,6 @@ class GenerationDefaults:
         )
 
 
-class Decoding:
-    """One sequence being decoded: `feed` runs ids through the network, extending the cache.
-
-    Single-token feeds after the first feed run the compiled decode step (as generation does),
-    unless OMNIA_COMPILE=0. `close` hands the compiled step (its traces) back to the network for
-    the next sequence; a Decoding that is dropped without `close` hands it back then (otherwise
-    every new sequence would trace the step again: ~0.1 s for a 36-layer model on the H200)."""
-
-    def __init__(self, network: Network) -> None:
-        self._network = network
-        self._cache = network.make_cache()
-        self._step: CompiledStep | None = None
-        self._compile = compile_enabled(network)
-        self.length = 0
-
-    def feed(self, ids: Sequence[int], last_only: bool = False) -> mx.array:
-        """Logits [len(ids), V] for `ids` following everything fed so far (lazy: evaluate them);
-        with `last_only`, [1, V] for the last id alone: several ids are then prefilled as
-        generation prefills a prompt (chunks of `prefill_chunk()` rows, each chunk's cache evaluated, the
-        head run on the last row only)."""
-        batch = mx.array([list(ids)], dtype=mx.int32)
-        if (
-            self._step is None
-            and self._compile
-            and len(ids) == 1
-            and self.length > 0
-            and all(c.keys is not None for c in self._cache)
-        ):
-            self._step = CompiledStep.acquire(self._network, self._cache, self.length)
-        if self._step is None and last_only and len(ids) > 1:
-            out = prefill(self._network, list(ids), self._cache)[None]
-        elif self._step is None:
-            out = self._network(batch, self._cache, last_only)[0]
-        elif len(ids) == 1:
-            out = self._step(batch)[None]
-        else:
-            out = self._step.feed_many(batch, last_only)
-        self.length += len(ids)
-        return out
-
-    def state(self) -> list[mx.array]:
-        """The cache arrays, to evaluate together with the logits."""
-        if self._step is not None:
-            return self._step.state()
-        return [a for c in self._cache for a in c.state()]
-
-    def close(self) -> None:
-        if self._step is not None:
-            self._step.release()
-            self._step = None
-
-    def __enter__(self) -> Decoding:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit MLX may be gone already
-            self.close()
-
-
 class Model:
     """A loaded model: its network, tokenizer, signature and generation defaults."""
 
@@ -160,8 +91,14 @@ class Model:
         defaults: GenerationDefaults,
         source: str,
     ) -> None:
+        if not isinstance(network, Network):
+            raise TypeError(
+                f"{type(network).__name__} is not a decodable network: it needs "
+                "__call__(ids, cache, last_only) and make_cache()"
+            )
         self.name = name
         self.network = network
+        self._decodable: Network = network  # the same module, as the decode driver calls it
         self.tokenizer = tokenizer
         self.config = dict(config)
         self.defaults = defaults
@@ -204,14 +141,12 @@ class Model:
 
     def logits(self, ids: list[int]) -> mx.array:
         """Full-sequence logits [L, V] for `ids` (float32), without a cache."""
-        net: Network = self.network  # type: ignore[assignment]  # families satisfy Network structurally
-        return net(mx.array([ids], dtype=mx.int32))[0].astype(mx.float32)
+        return self._decodable(mx.array([ids], dtype=mx.int32))[0].astype(mx.float32)
 
     def decoding(self) -> Decoding:
         """A fresh sequence with its own KV cache, fed token ids directly (teacher forcing,
         benchmarks, custom samplers)."""
-        net: Network = self.network  # type: ignore[assignment]
-        return Decoding(net)
+        return Decoding(self._decodable)
 
     # -- outputs ---------------------------------------------------------------------------
     def stream(self, input: Chat | str, options: GenerationOptions | None = None) -> Iterator[Piece]:
@@ -279,7 +214,6 @@ class Model:
         options: GenerationOptions,
         context: list[int],
     ) -> Iterator[Piece]:
-        net: Network = self.network  # type: ignore[assignment]
         stop_ids = self.tokenizer.eos_token_ids | frozenset(options.stop_token_ids)
         decoder = self.tokenizer.incremental_decoder()
         decoder.seed(context)
@@ -289,7 +223,7 @@ class Model:
         count = 0
         finish: FinishReason = "length"
         tail = ""
-        for token in generate_tokens(net, prompt, sampler):
+        for token in generate_tokens(self._decodable, prompt, sampler):
             count += 1
             pending.append(token)
             if options.logprobs is not None:
@@ -323,7 +257,7 @@ class Model:
         return TokenLogprob(
             token,
             as_bytes(token),
-            float(record.logprob.item()),  # pyright: ignore[reportArgumentType]  # a scalar
+            float_item(record.logprob),
             tuple(TopLogprob(i, as_bytes(i), v) for i, v in zip(ids, values, strict=True)),
         )
 

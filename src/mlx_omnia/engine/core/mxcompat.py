@@ -61,6 +61,16 @@ def evaluate_async(*arrays: mx.array | list[mx.array]) -> None:
     mx.async_eval(*arrays)  # pyright: ignore[reportUnknownMemberType]  # stub: *args untyped
 
 
+def int_item(x: mx.array) -> int:
+    """An integer scalar array's value (the stub's `item()` is int | float | bool | complex)."""
+    return cast(int, x.item())
+
+
+def float_item(x: mx.array) -> float:
+    """A floating scalar array's value (the stub's `item()` is int | float | bool | complex)."""
+    return cast(float, x.item())
+
+
 def reshape(x: mx.array, *shape: int) -> mx.array:
     return mx.reshape(x, shape)
 

@@ -1,20 +1,24 @@
-"""Prefill then decode, one token at a time, with the next step queued before the current token
-is handed out (the host never waits on the device between tokens)."""
+"""The decode driver: one `Decoding` a sequence, shared by generation (`generate_tokens`, under
+`Model.stream`) and teacher forcing (`Model.decoding`). It prefills in chunks, then decodes
+through the compiled step where `compile_enabled` says so; generation queues each step before
+the previous token is handed out (the host never waits on the device between tokens)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Iterator
-from typing import Protocol, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, cast, runtime_checkable
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
 from mlx_omnia.engine.core.layers import AttentionStep
-from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, named_modules
+from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item, named_modules
 
 
+@runtime_checkable
 class Network(Protocol):
     """What the loop needs of a family's model: logits for ids given a per-layer cache, for
     every position, or with `last_only` for the last one alone ([B, 1, V]: the head, a
@@ -34,9 +38,8 @@ COMPILE_ENV = "OMNIA_COMPILE"
 
 def prefill_chunk() -> int:
     """Prompt rows per prefill pass: 2048 on a GPU, where a pass's matmuls are only saturated by
-    long chunks (H200, Qwen3-4B, 4096-token prompt: 512-row chunks prefilled at 0.70-0.75x
-    mlx-lm's 2048, 2026-12-03); 512 on the CPU, whose attention materializes its scores (a
-    2048-row chunk over 4096 keys with 32 heads would hold 1 GiB of float32 scores)."""
+    long chunks; 512 on the CPU, whose attention materializes its scores (a 2048-row chunk over
+    4096 keys with 32 heads would hold 1 GiB of float32 scores). Figures: docs/kernels.md."""
     return PREFILL_CHUNK_GPU if mx.default_device() == mx.gpu else PREFILL_CHUNK
 
 
@@ -132,8 +135,8 @@ def compile_enabled(network: Network) -> bool:
     """Whether decode runs the compiled step. OMNIA_COMPILE=1 / 0 forces it on / off. By default
     it is on for the CPU backend, and on a GPU when every AttentionStep of the network is bound
     to a kernel (which attends over the filled rows of the static buffer only): with the core
-    attention, the masked attention over the whole static buffer cost more than the fusion saved
-    on MLX's CUDA backend (H200, 2026-12-02: 0.88-0.91x the eager step). A family opts out with
+    attention, the masked attention over the whole static buffer costs more than the fusion
+    saves on MLX's CUDA backend (docs/kernels.md). A family opts out with
     `compile_decode = False`."""
     choice = os.environ.get(COMPILE_ENV, "auto")
     if choice == "0" or not getattr(network, "compile_decode", True):
@@ -144,26 +147,94 @@ def compile_enabled(network: Network) -> bool:
     return bool(steps) and all(m.binding != "core" for m in steps)
 
 
+class Decoding:
+    """One sequence being decoded: `feed` (teacher forcing) and `step` (generation) run ids
+    through the network, extending the sequence's cache.
+
+    A prompt fed `last_only` is prefilled in chunks of `prefill_chunk()` rows. Single tokens
+    after the first feed run the compiled decode step where `compile_enabled`. `close` hands the
+    compiled step (its traces) back to the network for the next sequence; a Decoding dropped
+    without `close` hands it back then (otherwise every new sequence would trace it again)."""
+
+    def __init__(self, network: Network) -> None:
+        self._network = network
+        self._cache = network.make_cache()
+        self._step: CompiledStep | None = None
+        self._compile = compile_enabled(network)
+        self.length = 0
+
+    def feed(self, ids: Sequence[int], last_only: bool = False) -> mx.array:
+        """Logits [len(ids), V] for `ids` following everything fed so far (lazy: evaluate them);
+        with `last_only`, [1, V] for the last id alone: several ids are then prefilled as
+        generation prefills a prompt (chunks of `prefill_chunk()` rows, each chunk's cache
+        evaluated, the head run on the last row only)."""
+        if not ids:
+            raise ValueError("feed at least one token id")
+        batch = mx.array([list(ids)], dtype=mx.int32)
+        if len(ids) == 1 and self.length > 0:
+            return self.step(batch)[None]
+        self.length += len(ids)
+        if self._step is not None:
+            return self._step.feed_many(batch, last_only)
+        if last_only and len(ids) > 1:
+            return prefill(self._network, list(ids), self._cache)[None]
+        return self._network(batch, self._cache, last_only)[0]
+
+    def step(self, token: mx.array) -> mx.array:
+        """Logits [V] for one token [1, 1] (int32; it may still be lazy, as a token generation
+        has just sampled) after at least one `feed`."""
+        if (
+            self._step is None
+            and self._compile
+            and self.length > 0
+            and all(c.keys is not None for c in self._cache)
+        ):
+            self._step = CompiledStep.acquire(self._network, self._cache, self.length)
+        self.length += 1
+        if self._step is not None:
+            return self._step(token)
+        return self._network(token, self._cache)[0, -1, :]
+
+    def queue(self, token: mx.array) -> None:
+        """Start evaluating a sampled token, with the caches the compiled step wrote, while the
+        host goes on to build the next step."""
+        if self._step is not None:
+            evaluate_async([token, *self._step.state()])
+        else:
+            evaluate_async(token)
+
+    def state(self) -> list[mx.array]:
+        """The cache arrays, to evaluate together with the logits."""
+        if self._step is not None:
+            return self._step.state()
+        return [a for c in self._cache for a in c.state()]
+
+    def close(self) -> None:
+        if self._step is not None:
+            self._step.release()
+            self._step = None
+
+    def __enter__(self) -> Decoding:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit MLX may be gone already
+            self.close()
+
+
 def generate_tokens(
     network: Network, prompt_ids: list[int], sample: Callable[[mx.array], mx.array]
 ) -> Iterator[int]:
-    """Yield sampled token ids forever; the caller decides when to stop."""
-    cache = network.make_cache()
-    token = sample(prefill(network, prompt_ids, cache))
-    evaluate_async(token)
-    # Only caches that prefill filled can become static (a scripted test network has none).
-    if compile_enabled(network) and all(c.keys is not None for c in cache):
-        step = CompiledStep.acquire(network, cache, len(prompt_ids))
-        try:
-            while True:
-                following = sample(step(token[None, None]))
-                evaluate_async([following, *step.state()])
-                yield int(token.item())  # pyright: ignore[reportArgumentType]  # int32 scalar
-                token = following
-        finally:
-            step.release()
-    while True:
-        following = sample(network(token[None, None], cache)[0, -1, :])
-        evaluate_async(following)
-        yield int(token.item())  # pyright: ignore[reportArgumentType]  # int32 scalar
-        token = following
+    """Yield sampled token ids forever (the caller decides when to stop): the prompt is
+    prefilled, then each step is queued before the token before it is handed out."""
+    with Decoding(network) as sequence:
+        token = sample(sequence.feed(prompt_ids, last_only=True)[-1])
+        evaluate_async(token)
+        while True:
+            following = sample(sequence.step(token[None, None]))
+            sequence.queue(following)
+            yield int_item(token)
+            token = following
