@@ -1,16 +1,9 @@
 """How mixtral checkpoints become a MixtralForCausalLM: config and tensor names.
 
-Expert weights are stacked at load into the module tree's
-block_sparse_moe.experts.gate_up_proj.weight [experts, 2 * intermediate, hidden] (gate rows,
-then up rows) and block_sparse_moe.experts.down_proj.weight [experts, hidden, intermediate],
-from any of the layouts checkpoints use:
-
-    block_sparse_moe.experts.<e>.{w1,w3,w2}.weight   per expert, w1 gate, w3 up, w2 down (hub
-                                                     checkpoints, transformers 5 save_pretrained)
-    mlp.experts.gate_up_proj / mlp.experts.down_proj, mlp.gate.weight   stacked, transformers 5
-                                                     in memory (block_sparse_moe renamed mlp)
-    block_sparse_moe.switch_mlp.{gate,up,down}_proj.{weight,scales,biases}   mlx-community
-    block_sparse_moe.experts.{gate_up,down}_proj.{weight,scales,biases}   as this engine saves
+Expert weights are stacked at load by core.experts.stack_experts (layouts listed there) under
+mixtral's names: block_sparse_moe.experts.<e>.{w1,w3,w2} (gate, up, down). Transformers 5's
+stacked in-memory layout calls the block mlp (mlp.experts.gate_up_proj, mlp.gate.weight): it is
+renamed block_sparse_moe first.
 """
 
 from __future__ import annotations
@@ -21,61 +14,12 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlx_omnia.engine.errors import CheckpointError
+from mlx_omnia.engine.core.experts import ExpertKeys, stack_experts
 from mlx_omnia.engine.models.mixtral.config import MixtralConfig
 from mlx_omnia.engine.models.mixtral.model import MixtralForCausalLM
 
-PER_EXPERT = re.compile(
-    r"^(?P<block>.+\.block_sparse_moe)\.experts\.(?P<expert>\d+)\.(?P<proj>w1|w2|w3)"
-    r"\.(?P<kind>weight|scales|biases)$"
-)
-SWITCH = re.compile(
-    r"^(?P<block>.+\.block_sparse_moe)\.switch_mlp\.(?P<proj>gate_proj|up_proj|down_proj)"
-    r"\.(?P<kind>weight|scales|biases)$"
-)
-FUSED = re.compile(r"^.+\.block_sparse_moe\.experts\.(?:gate_up_proj|down_proj)$")
+EXPERT_KEYS = ExpertKeys(block="block_sparse_moe", gate="w1", up="w3", down="w2")
 V5_BLOCK = re.compile(r"^(model\.layers\.\d+)\.mlp\.")
-# per-expert projection -> its part of the stacked layout
-PARTS = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
-
-
-def _stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    out: dict[str, mx.array] = {}
-    per_expert: dict[tuple[str, str], dict[str, dict[int, mx.array]]] = {}
-    switch: dict[tuple[str, str], dict[str, mx.array]] = {}
-    for raw, tensor in weights.items():
-        name = V5_BLOCK.sub(r"\1.block_sparse_moe.", raw)
-        if m := PER_EXPERT.match(name):
-            slot = per_expert.setdefault((m["block"], m["kind"]), {})
-            slot.setdefault(PARTS[m["proj"]], {})[int(m["expert"])] = tensor
-        elif m := SWITCH.match(name):
-            switch.setdefault((m["block"], m["kind"]), {})[PARTS[m["proj"]]] = tensor
-        elif FUSED.match(name):
-            out[f"{name}.weight"] = tensor
-        else:
-            out[name] = tensor
-    for (block, kind), parts in per_expert.items():
-        stacked: dict[str, mx.array] = {}
-        for part in ("gate", "up", "down"):
-            experts = parts.get(part, {})
-            if not experts or sorted(experts) != list(range(len(experts))):
-                raise CheckpointError(
-                    f"{block}.experts: the {part} projection's {kind} is missing for some "
-                    f"experts (found {sorted(experts)})"
-                )
-            stacked[part] = mx.stack([experts[e] for e in range(len(experts))])
-        out[f"{block}.experts.gate_up_proj.{kind}"] = mx.concatenate(
-            [stacked["gate"], stacked["up"]], axis=1
-        )
-        out[f"{block}.experts.down_proj.{kind}"] = stacked["down"]
-    for (block, kind), parts in switch.items():
-        if set(parts) != {"gate", "up", "down"}:
-            raise CheckpointError(f"{block}.switch_mlp: {kind} is missing for some projections")
-        out[f"{block}.experts.gate_up_proj.{kind}"] = mx.concatenate(
-            [parts["gate"], parts["up"]], axis=1
-        )
-        out[f"{block}.experts.down_proj.{kind}"] = parts["down"]
-    return out
 
 
 class MixtralCheckpoint:
@@ -93,7 +37,8 @@ class MixtralCheckpoint:
         kept = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
         if config.get("tie_word_embeddings", False):
             kept = {k: v for k, v in kept.items() if not k.startswith("lm_head.")}
-        return _stack_experts(kept)
+        kept = {V5_BLOCK.sub(r"\1.block_sparse_moe.", k): v for k, v in kept.items()}
+        return stack_experts(kept, EXPERT_KEYS)
 
 
 CHECKPOINT = MixtralCheckpoint()
