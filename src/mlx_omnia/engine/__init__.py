@@ -1,18 +1,11 @@
-"""The engine's public API: `load` is the only door."""
+"""The engine's public API: `load` is the only door.
 
-from mlx_omnia.engine import blas
+`blas` comes first (its name sorts before every other engine module's): importing it loads the
+system BLAS, which only works before anything imports mlx.core."""
 
-blas.preload()  # before anything imports mlx.core
-if (_late := blas.late_warning()) is not None:
-    import mlx.core as _mx  # imported already (that is the warning's cause)
+import warnings
 
-    if _mx.default_device() == _mx.cpu:
-        import warnings
-
-        warnings.warn(_late, RuntimeWarning, stacklevel=2)
-
-# ruff: noqa: E402
-
+from mlx_omnia.engine.blas import late_warning
 from mlx_omnia.engine.errors import (
     ChatTemplateError,
     CheckpointError,
@@ -46,6 +39,7 @@ from mlx_omnia.engine.types import (
     OptionSpec,
     Piece,
     Signature,
+    TextPart,
     TokenLogprob,
     TopLogprob,
     Usage,
@@ -72,6 +66,7 @@ __all__ = [
     "Piece",
     "PullProgress",
     "Signature",
+    "TextPart",
     "TokenLogprob",
     "TokenizerError",
     "TopLogprob",
@@ -86,3 +81,15 @@ __all__ = [
     "pull",
     "runtime_info",
 ]
+
+
+def _warn_if_mlx_came_first() -> None:
+    message = late_warning()
+    if message is not None:
+        import mlx.core as mx  # imported already: that is the warning's cause
+
+        if mx.default_device() == mx.cpu:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+_warn_if_mlx_came_first()

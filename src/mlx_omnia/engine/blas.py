@@ -4,7 +4,7 @@ MLX's Linux CPU wheel links the reference BLAS (a few GFLOP/s). Loading the syst
 the global symbol scope *before* `mlx.core` makes MLX's float32 matmuls resolve to it: about 2x
 faster decode and 10x faster prefill here (Debian/Ubuntu: `apt-get install libopenblas0-pthread`).
 Set OMNIA_BLAS=0 to keep the reference BLAS; OMNIA_BLAS=/path/to/libopenblas.so picks a file.
-This module must not import MLX."""
+Importing this module preloads (the engine imports it first); it must not import MLX."""
 
 from __future__ import annotations
 
@@ -86,3 +86,6 @@ def late_warning() -> str | None:
         f"mlx_omnia before mlx, or start Python with LD_PRELOAD={found}; OMNIA_BLAS=0 silences "
         f"this."
     )
+
+
+preload()  # at import: the engine package imports this module before any other

@@ -18,7 +18,7 @@ from mlx_omnia import OmniaError
 from mlx_omnia.server import admin, webapp
 from mlx_omnia.server.dialects import anthropic, gemini, openai
 from mlx_omnia.server.dialects.errors import dialect_of, error_response, from_engine
-from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.errors import ApiError, Kind
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.metrics import Metrics
 from mlx_omnia.server.scheduler import Scheduler
@@ -112,10 +112,12 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        kind = {401: "authentication", 404: "not_found", 405: "invalid_request", 413: "too_large"}
+        kind: dict[int, Kind] = {
+            401: "authentication", 404: "not_found", 405: "invalid_request", 413: "too_large"
+        }
         return error_response(
             dialect_of(request.url.path),
-            ApiError(kind.get(exc.status_code, "invalid_request"), str(exc.detail)),  # type: ignore[arg-type]
+            ApiError(kind.get(exc.status_code, "invalid_request"), str(exc.detail)),
         )
 
     @app.exception_handler(json.JSONDecodeError)

@@ -177,7 +177,7 @@ class Metrics:
             return response
 
         @app.get("/metrics", include_in_schema=False)
-        async def metrics() -> Response:  # pyright: ignore[reportUnusedFunction]
+        async def metrics() -> Response:
             return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
         _ = count

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ConfigDict
 
-from mlx_omnia import Bounds, Chat, ChatMessage, Piece
+from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TextPart
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import model_ids, new_id, refuse_unknown, sse
 from mlx_omnia.server.dialects.errors import error_body
@@ -42,6 +42,7 @@ LIMITS = {
 }
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+ROLES: dict[str, Literal["user", "assistant"]] = {"user": "user", "assistant": "assistant"}
 
 
 class _Strict(Body):
@@ -70,7 +71,7 @@ class MessagesRequest(CountTokensRequest):
 
 
 # -- request -> engine ---------------------------------------------------------------------------
-def _text_blocks(content: Any, where: str) -> str | list[dict[str, Any]]:
+def _text_blocks(content: Any, where: str) -> str | list[TextPart]:
     """A content value (string or list of text blocks) as the engine's message content."""
     if isinstance(content, str):
         return content
@@ -78,12 +79,13 @@ def _text_blocks(content: Any, where: str) -> str | list[dict[str, Any]]:
         raise ApiError(
             "invalid_request", f"{where}: must be a string or a list of content blocks", where
         )
-    blocks: list[dict[str, Any]] = []
-    for j, block in enumerate(content):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    blocks: list[TextPart] = []
+    for j, item in enumerate(cast(list[object], content)):
         at = f"{where}.{j}"
-        if not isinstance(block, dict):
+        if not isinstance(item, dict):
             raise ApiError("invalid_request", f"{at}: a content block must be an object", at)
-        kind = block.get("type")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        block = cast(dict[str, object], item)  # parsed JSON: string keys
+        kind = block.get("type")
         if kind != "text":
             raise ApiError(
                 "invalid_request",
@@ -91,17 +93,17 @@ def _text_blocks(content: Any, where: str) -> str | list[dict[str, Any]]:
                 "only 'text' blocks are",
                 at,
             )
-        text = block.get("text")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        text = block.get("text")
         if not isinstance(text, str):
             raise ApiError("invalid_request", f"{at}.text: must be a string", f"{at}.text")
-        for key in block:  # pyright: ignore[reportUnknownVariableType]
+        for key in block:
             if key not in TEXT_BLOCK_KEYS:
                 raise ApiError(
                     "invalid_request",
                     f"{at}.{key}: field is not supported by this server",
                     f"{at}.{key}",
                 )
-        if block.get("citations"):  # pyright: ignore[reportUnknownMemberType]
+        if block.get("citations"):
             raise ApiError(
                 "invalid_request", f"{at}.citations: citations are not supported", f"{at}.citations"
             )
@@ -114,15 +116,15 @@ def chat_of(body: CountTokensRequest) -> Chat:
     if body.system is not None:
         system = _text_blocks(body.system, "system")
         if system:  # an empty system prompt is no system prompt
-            out.append({"role": "system", "content": system})  # pyright: ignore[reportArgumentType]
+            out.append({"role": "system", "content": system})
     if not body.messages:
         raise ApiError("invalid_request", "messages: at least one message is required", "messages")
     for i, m in enumerate(body.messages):
-        role = m.get("role")
-        if role not in ("user", "assistant"):
+        role = ROLES.get(str(m.get("role")))
+        if role is None:
             raise ApiError(
                 "invalid_request",
-                f"messages.{i}.role: must be 'user' or 'assistant', not {role!r}",
+                f"messages.{i}.role: must be 'user' or 'assistant', not {m.get('role')!r}",
                 f"messages.{i}.role",
             )
         for key in m:
@@ -137,7 +139,7 @@ def chat_of(body: CountTokensRequest) -> Chat:
                 "invalid_request", f"messages.{i}.content: Field required", f"messages.{i}.content"
             )
         content = _text_blocks(m["content"], f"messages.{i}.content")
-        out.append({"role": role, "content": content})  # pyright: ignore[reportArgumentType]
+        out.append({"role": role, "content": content})
     # A final assistant turn is a prefill: the answer continues its text (and holds only what
     # follows it). As Anthropic's API, its text may not end with whitespace.
     prefill = body.messages[-1].get("role") == "assistant"

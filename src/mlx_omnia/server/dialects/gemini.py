@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar, cast
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from mlx_omnia import Bounds, Chat, ChatMessage, Model, TokenLogprob
+from mlx_omnia import Bounds, Chat, ChatMessage, Model, TextPart, TokenLogprob
 from mlx_omnia.server.dialects.common import model_ids, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.generation import Options, Stream
@@ -146,7 +146,7 @@ def _texts(content: object, where: str) -> tuple[str | None, list[str]]:
     return role, texts
 
 
-def _content_of(texts: list[str]) -> str | list[Any]:
+def _content_of(texts: list[str]) -> str | list[TextPart]:
     if len(texts) == 1:
         return texts[0]
     return [{"type": "text", "text": t} for t in texts]
@@ -159,7 +159,7 @@ def _system(value: object) -> ChatMessage:
     role, texts = _texts(value, where)
     if role not in (None, "", "user", "system"):
         raise _bad(f"{where}.role {role!r} is not valid", f"{where}.role")
-    return ChatMessage(role="system", content=cast(Any, _content_of(texts)))
+    return ChatMessage(role="system", content=_content_of(texts))
 
 
 def chat_of(body: dict[str, Any]) -> Chat:
@@ -173,9 +173,9 @@ def chat_of(body: dict[str, Any]) -> Chat:
         where = f"contents[{i}]"
         role, texts = _texts(content, where)
         if role in (None, "", "user"):
-            messages.append(ChatMessage(role="user", content=cast(Any, _content_of(texts))))
+            messages.append(ChatMessage(role="user", content=_content_of(texts)))
         elif role == "model":
-            messages.append(ChatMessage(role="assistant", content=cast(Any, _content_of(texts))))
+            messages.append(ChatMessage(role="assistant", content=_content_of(texts)))
         elif role in ("function", "tool"):
             raise _bad(f"{where}: function responses are not supported yet", f"{where}.role")
         else:
