@@ -252,6 +252,7 @@ def test_stop_interrupts_a_long_answer(server: LiveServer, page: Any) -> None:
     page.wait_for_function(
         """() => {
             const a = [...document.querySelectorAll('article.assistant')].pop();
+            if (!a) return false;  // not drawn yet (a busy machine)
             return a.querySelector('.error').textContent
                 || /\\S+\\s+\\S+\\s+\\S+/.test(a.querySelector('.content').innerText);
         }""",
