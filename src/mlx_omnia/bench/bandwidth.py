@@ -220,7 +220,7 @@ def host_copy(nbytes: int, reps: int = 10, threads: int | None = None) -> float:
 def device_info() -> dict[str, Any]:
     """MLX's facts about the default device (name, memory, ...), {} where it has none."""
     try:
-        return dict(cast(dict[str, Any], mx.device_info()))  # pyright: ignore[reportUnknownMemberType]
+        return dict(cast(dict[str, Any], mx.device_info()))
     except (AttributeError, RuntimeError):
         return {}
 

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import mlx_omnia
+from mlx_omnia import GenerationOptions, load  # the engine first: it loads the system BLAS (Linux)
 
-# Import the engine before mlx.core: on Linux it loads the system BLAS into the global scope first.
-_ENGINE_FIRST = mlx_omnia.runtime_info
-
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
+# isort: split
+import mlx.core as mx
+import numpy as np
 
 FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
 CHAINED_ENV = "OMNIA_CHAINED_KERNELS"
@@ -40,7 +39,7 @@ Feed = Callable[[Sequence[int]], tuple[mx.array, list[mx.array]]]
 
 def evaluate(*arrays: mx.array | list[mx.array]) -> None:
     """mx.eval with typed arguments (the stub leaves *args untyped)."""
-    mx.eval(*arrays)  # pyright: ignore[reportUnknownMemberType]
+    mx.eval(*arrays)  # pyright: ignore[reportUnknownMemberType]  # stub: *args untyped
 
 
 @dataclass(frozen=True)
@@ -146,7 +145,7 @@ def omnia_arm(
     os.environ[CHAINED_ENV] = "1" if chained else "0"
     try:
         q = None if quantize is None else {"bits": quantize[0], "group_size": quantize[1]}
-        model = mlx_omnia.load(path, dtype=dtype, quantize=q)
+        model = load(path, dtype=dtype, quantize=q)
     finally:
         for name, value in before.items():
             if value is None:
@@ -183,7 +182,7 @@ def omnia_arm(
     bindings_of = getattr(model, "bindings", None)
     bindings = cast(dict[str, str], bindings_of()) if callable(bindings_of) else {}
     def generate(text: str, tokens: int, sampling: Sampling) -> GenerationRun:
-        options = mlx_omnia.GenerationOptions(
+        options = GenerationOptions(
             max_tokens=tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k, seed=sampling.seed, stop=[sampling.stop],
         )
@@ -354,7 +353,7 @@ def pipelined(arm: Arm, prompt: Sequence[int], generate: Sequence[int]) -> float
         logits, state = feed([token])
         del state
         row = logits[-1]
-        mx.async_eval(row)  # pyright: ignore[reportUnknownMemberType]
+        mx.async_eval(row)  # pyright: ignore[reportUnknownMemberType]  # stub: *args untyped
         if pending is not None:
             evaluate(pending)
         pending = row

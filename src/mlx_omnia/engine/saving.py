@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.layers import Embedding, Linear
 from mlx_omnia.engine.core.moe import ExpertLinear
-from mlx_omnia.engine.core.mxcompat import flat_parameters, named_modules
+from mlx_omnia.engine.core.mxcompat import flat_parameters, named_modules, save_safetensors
 from mlx_omnia.engine.errors import InvalidOptionsError, UnsupportedModelError
 
 if TYPE_CHECKING:  # Model calls into this module, never the other way round
@@ -63,9 +63,7 @@ def save_model(model: Model, path: str | Path) -> Path:
     target.mkdir(parents=True, exist_ok=True)
 
     arrays = flat_parameters(model.network)
-    mx.save_safetensors(  # pyright: ignore[reportUnknownMemberType]  # stub: return untyped
-        str(target / WEIGHTS_FILE), arrays, metadata={"format": "mlx"}
-    )
+    save_safetensors(target / WEIGHTS_FILE, arrays, metadata={"format": "mlx"})
 
     config = _config(model, arrays)
     (target / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

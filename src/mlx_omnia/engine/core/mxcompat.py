@@ -1,7 +1,8 @@
 """Precisely typed wrappers around the few MLX calls whose stubs are loose.
 
-`mlx.nn` ships no stubs and some `mlx.core` signatures take untyped *args; each such call is
-wrapped here once, so the rest of the code type-checks strictly."""
+`mlx.nn` and `mlx.utils` ship no stubs and some `mlx.core` signatures leave arguments or the
+result untyped; each such call is wrapped here once, with the reason on its suppression, so the
+rest of the code type-checks strictly and without suppressions."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten  # pyright: ignore[reportUnknownVariableType]
+from mlx.utils import tree_flatten, tree_unflatten  # pyright: ignore[reportUnknownVariableType]  # mlx.utils: no stubs
 
 
 def load_safetensors(path: str | Path) -> dict[str, mx.array]:
@@ -51,6 +52,11 @@ def drop_parameters(module: nn.Module, *names: str) -> None:
         module.pop(name, None)  # pyright: ignore[reportUnknownMemberType]  # nn.Module is a dict
 
 
+def save_safetensors(path: str | Path, arrays: dict[str, mx.array], metadata: dict[str, str]) -> None:
+    """Write `arrays` to a safetensors file with string `metadata`."""
+    mx.save_safetensors(str(path), arrays, metadata=metadata)  # pyright: ignore[reportUnknownMemberType]  # stub: no return type
+
+
 def evaluate(*arrays: mx.array | list[mx.array]) -> None:
     """mx.eval with typed arguments."""
     mx.eval(*arrays)  # pyright: ignore[reportUnknownMemberType]  # stub: *args untyped
@@ -86,8 +92,8 @@ def _gelu_tanh(x: mx.array) -> mx.array:
 # Compiled (shapeless): each activation is one fused elementwise kernel instead of a chain of
 # them over the whole [tokens, hidden] activation, which prefill feels. The ops, their order
 # and their dtypes are the same.
-_silu_fused = cast(Any, mx.compile(_silu, shapeless=True))  # pyright: ignore[reportUnknownMemberType]
-_gelu_tanh_fused = cast(Any, mx.compile(_gelu_tanh, shapeless=True))  # pyright: ignore[reportUnknownMemberType]
+_silu_fused = mx.compile(_silu, shapeless=True)
+_gelu_tanh_fused = mx.compile(_gelu_tanh, shapeless=True)
 
 
 def _silu_mul(g: mx.array, u: mx.array) -> mx.array:
@@ -98,25 +104,25 @@ def _gelu_tanh_mul(g: mx.array, u: mx.array) -> mx.array:
     return _gelu_tanh(g) * u
 
 
-_silu_mul_fused = cast(Any, mx.compile(_silu_mul, shapeless=True))  # pyright: ignore[reportUnknownMemberType]
-_gelu_tanh_mul_fused = cast(Any, mx.compile(_gelu_tanh_mul, shapeless=True))  # pyright: ignore[reportUnknownMemberType]
+_silu_mul_fused = mx.compile(_silu_mul, shapeless=True)
+_gelu_tanh_mul_fused = mx.compile(_gelu_tanh_mul, shapeless=True)
 
 
 def silu(x: mx.array) -> mx.array:
     """x * sigmoid(x)."""
-    return cast(mx.array, _silu_fused(x))
+    return _silu_fused(x)
 
 
 def silu_mul(g: mx.array, u: mx.array) -> mx.array:
     """silu(g) * u (a gated MLP's activation) as one fused kernel."""
-    return cast(mx.array, _silu_mul_fused(g, u))
+    return _silu_mul_fused(g, u)
 
 
 def gelu_tanh_mul(g: mx.array, u: mx.array) -> mx.array:
     """gelu_tanh(g) * u as one fused kernel."""
-    return cast(mx.array, _gelu_tanh_mul_fused(g, u))
+    return _gelu_tanh_mul_fused(g, u)
 
 
 def gelu_tanh(x: mx.array) -> mx.array:
     """GELU with the tanh approximation (PyTorch's gelu(approximate="tanh"))."""
-    return cast(mx.array, _gelu_tanh_fused(x))
+    return _gelu_tanh_fused(x)

@@ -13,6 +13,8 @@ from typing import cast
 import mlx.core as mx
 import numpy as np
 
+from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -81,7 +83,7 @@ class Sampler:
             self._counts = tracked.pop(0)
         if tracked:  # the log-probabilities: queued in step order for the caller to take
             record = SampledLogprobs(*tracked)
-            mx.async_eval(record.logprob, record.top_ids, record.top_logprobs)  # pyright: ignore[reportUnknownMemberType]
+            evaluate_async(record.logprob, record.top_ids, record.top_logprobs)
             self.logprobs.append(record)
         return token
 
@@ -97,7 +99,7 @@ def _compiled_step(
     # Evaluated here: a lazy constant would stay bound to this thread's stream, and a step
     # used from another thread then failed with "no Stream(cpu, N) in current thread".
     ids = mx.arange(vocab_size)
-    mx.eval(ids)  # pyright: ignore[reportUnknownMemberType]
+    evaluate(ids)
 
     def step(logits: mx.array, key: mx.array, *state: mx.array) -> list[mx.array]:
         rest = list(state)

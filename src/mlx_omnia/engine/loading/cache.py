@@ -11,13 +11,16 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, cast
 
 import mlx.core as mx
 
 from mlx_omnia.engine.errors import CheckpointError, InvalidOptionsError, ModelNotFoundError
 from mlx_omnia.engine.loading.resolve import resolve
 from mlx_omnia.engine.loading.weights import safetensors_files
+
+if TYPE_CHECKING:
+    from huggingface_hub import DryRunFileInfo
 
 _DTYPE_NAMES: dict[str, mx.Dtype] = {
     "float32": mx.float32,
@@ -293,10 +296,10 @@ def _quiet_tqdm() -> Any:
     """huggingface_hub's tqdm, never displayed (progress goes to the callback instead)."""
     from huggingface_hub.utils import tqdm as hf_tqdm
 
-    class Quiet(hf_tqdm):  # type: ignore[misc]
+    class Quiet(hf_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
-            super().__init__(*args, **kwargs)  # pyright: ignore[reportUnknownMemberType]
+            super().__init__(*args, **kwargs)  # pyright: ignore[reportUnknownMemberType]  # tqdm: untyped __init__
 
     return Quiet
 
@@ -310,30 +313,20 @@ def pull(
     from mlx_omnia.engine.loading.hub import (
         INDEX,
         META_PATTERNS,
-        SUBFOLDERS,
         check_names,
         download,
+        fetch_file,
         hub_error,
+        snapshot_plan,
         weight_patterns,
     )
 
     check_names(repo_id, revision)
     report: ProgressCallback = progress or (lambda _p: None)
-    # (untyped parameters in huggingface_hub, hence the ignores)
-    from huggingface_hub import hf_hub_download, snapshot_download  # pyright: ignore[reportUnknownVariableType]
 
-    def dry_run(rev: str | None, patterns: list[str]) -> list[Any]:
+    def dry_run(rev: str | None, patterns: list[str]) -> list[DryRunFileInfo]:
         try:
-            return list(
-                snapshot_download(
-                    repo_id,
-                    revision=rev,
-                    allow_patterns=patterns,
-                    ignore_patterns=SUBFOLDERS,
-                    dry_run=True,
-                    tqdm_class=_quiet_tqdm(),
-                )
-            )
+            return snapshot_plan(repo_id, rev, patterns, _quiet_tqdm())
         except Exception as e:
             # A dry run wraps why the hub could not be used (missing repo, no network) in
             # DryRunError.
@@ -343,7 +336,7 @@ def pull(
 
     # The configs, tokenizer and index first; the weights are what the index names (fetched
     # now, it is small), at the same commit.
-    plan = [p for p in dry_run(revision, META_PATTERNS) if not isinstance(p, str)]
+    plan = dry_run(revision, META_PATTERNS)
     fetched: set[str] = set()
     if plan:
         commit = plan[0].commit_hash
@@ -351,12 +344,12 @@ def pull(
         if any(p.filename == INDEX for p in plan):
             fetched.add(INDEX)
             try:
-                index = Path(hf_hub_download(repo_id, filename=INDEX, revision=commit))
+                index = fetch_file(repo_id, INDEX, commit)
             except Exception as e:
                 raise hub_error(e, repo_id, revision, local_files_only=False) from e
             weights = weight_patterns(index.parent)
         plan += dry_run(commit, weights)
-    files = [p for p in plan if not isinstance(p, str)]
+    files = plan
     if not any(p.filename.endswith(".safetensors") for p in files):
         return download(repo_id, revision=revision)
     commit = files[0].commit_hash
@@ -409,9 +402,7 @@ def pull(
             continue
         name = info.filename
         try:
-            hf_hub_download(
-                repo_id, filename=name, revision=commit, tqdm_class=cast(Any, bar_for(name))
-            )
+            fetch_file(repo_id, name, commit, bar_for(name))
         except Exception as e:
             raise hub_error(e, repo_id, revision, local_files_only=False) from e
         done[name] = sizes[name] or done[name]

@@ -7,10 +7,15 @@ HF_HUB_OFFLINE=1 (never touch the network), HF_TOKEN (private and gated repos)."
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from mlx_omnia.engine.errors import CheckpointError, DownloadError, ModelNotFoundError, OmniaError
 from mlx_omnia.engine.loading.weights import INDEX, index_shards
+
+if TYPE_CHECKING:
+    from huggingface_hub import DryRunFileInfo
 
 # What loading reads besides the weights: configs, tokenizer, templates, the shards' index.
 META_PATTERNS = [
@@ -94,32 +99,55 @@ def download(repo_id: str, *, revision: str | None = None, local_files_only: boo
     snapshot directory (HF_HUB_CACHE/models--owner--name/snapshots/<commit>): the configs,
     tokenizer and index first, then the weights they name, at the same commit."""
     check_names(repo_id, revision)
-    # (its user_agent parameter is an untyped dict, hence the ignore)
-    from huggingface_hub import snapshot_download  # pyright: ignore[reportUnknownVariableType]
-
     try:
-        meta = Path(
-            snapshot_download(
-                repo_id,
-                revision=revision,
-                allow_patterns=META_PATTERNS,
-                ignore_patterns=SUBFOLDERS,
-                local_files_only=local_files_only,
-            )
-        )
-        path = Path(
-            snapshot_download(
-                repo_id,
-                revision=meta.name,
-                allow_patterns=weight_patterns(meta),
-                ignore_patterns=SUBFOLDERS,
-                local_files_only=local_files_only,
-            )
-        )
+        meta = snapshot(repo_id, revision, META_PATTERNS, local_files_only=local_files_only)
+        path = snapshot(repo_id, meta.name, weight_patterns(meta), local_files_only=local_files_only)
     except Exception as e:
         raise hub_error(e, repo_id, revision, local_files_only=local_files_only) from e
     _check_snapshot(repo_id, path)
     return path
+
+
+def snapshot(
+    repo_id: str, revision: str | None, patterns: list[str], *, local_files_only: bool = False
+) -> Path:
+    """The snapshot directory holding the top-level files of `repo_id` at `revision` that match
+    `patterns`, fetched into the HF cache where missing."""
+    snapshot_download, _ = _hub_downloads()
+    return Path(
+        snapshot_download(
+            repo_id, revision=revision, allow_patterns=patterns, ignore_patterns=SUBFOLDERS,
+            local_files_only=local_files_only,
+        )
+    )
+
+
+def snapshot_plan(
+    repo_id: str, revision: str | None, patterns: list[str], progress: type
+) -> list[DryRunFileInfo]:
+    """What `snapshot` would fetch (a dry run): each file's commit, size and whether it is
+    cached; `progress` is the tqdm-like class huggingface_hub reports the listing to."""
+    snapshot_download, _ = _hub_downloads()
+    return list(
+        snapshot_download(
+            repo_id, revision=revision, allow_patterns=patterns, ignore_patterns=SUBFOLDERS,
+            dry_run=True, tqdm_class=progress,
+        )
+    )
+
+
+def fetch_file(repo_id: str, filename: str, revision: str, progress: type | None = None) -> Path:
+    """One file of `repo_id` at `revision` in the HF cache (`progress`: a tqdm-like class)."""
+    _, hf_hub_download = _hub_downloads()
+    return Path(hf_hub_download(repo_id, filename=filename, revision=revision, tqdm_class=progress))
+
+
+def _hub_downloads() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """huggingface_hub's snapshot_download and hf_hub_download, imported on first use (loading
+    a local checkpoint never imports the hub client)."""
+    from huggingface_hub import hf_hub_download, snapshot_download  # pyright: ignore[reportUnknownVariableType]  # their user_agent is a bare dict
+
+    return cast(Callable[..., Any], snapshot_download), cast(Callable[..., Any], hf_hub_download)
 
 
 def hub_error(

@@ -84,9 +84,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         for i, tok in enumerate(tokens)
         if i < len(types) and types[i] in (CONTROL, USER_DEFINED)
     ]
-    # stub: list element type untyped
-    hf.add_special_tokens([t for t in specials if t.special])  # pyright: ignore[reportUnknownMemberType]
-    hf.add_tokens([t for t in specials if not t.special])  # pyright: ignore[reportUnknownMemberType]
+    hf.add_special_tokens([t for t in specials if t.special])  # pyright: ignore[reportUnknownMemberType]  # stub: a bare list
+    hf.add_tokens([t for t in specials if not t.special])  # pyright: ignore[reportUnknownMemberType]  # stub: a bare list
 
     def token(key: str) -> str | None:
         i = _int(metadata, key)
