@@ -2,7 +2,7 @@
 frame, inclusive and self, over the stacks that contain a marker frame (by default the probe's
 `time_feed`, so loading and tracing are left out).
 
-    python3 scripts/spy_report.py PROFILE[.gz] [MARKER [TOP]]
+    python3 scripts/device/spy_report.py PROFILE[.gz] [MARKER [TOP]]
 """
 
 from __future__ import annotations

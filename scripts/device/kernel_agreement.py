@@ -3,7 +3,7 @@ backends (the core path on the GPU and on the CPU) are from each other, for the 
 tests/test_kernels_cuda.py (bf16, and 4-bit g64), teacher-forced on the GPU core path's greedy
 tokens. Relative to the largest logit, as the CUDA tests measure.
 
-    python3 scripts/h200_agree.py [STEPS]
+    python3 scripts/device/kernel_agreement.py [STEPS]
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """GPU time per kernel of one engine decode step (a bench shape cut to a few layers) under ncu.
 
     ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
-        python3 scripts/h200_profile.py run bf16|q4 [SHAPE [LAYERS]] > ncu.csv
-    python3 scripts/h200_profile.py report ncu.csv [LAYERS [FULL_LAYERS]]
+        python3 scripts/device/kernel_times.py run bf16|q4 [SHAPE [LAYERS]] > ncu.csv
+    python3 scripts/device/kernel_times.py report ncu.csv [LAYERS [FULL_LAYERS]]
 
 SHAPE defaults to qwen3-4b and LAYERS to 2; q4 is affine 4-bit g64, written quantized (a MoE
 shape's bf16 stacks need not be held)."""

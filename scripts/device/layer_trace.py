@@ -4,7 +4,7 @@ second phase's blocks were released by the wait, when they ended, and the gaps b
 launches. The engine's decode step runs as the bench runs it (compiled, pipelined one step
 ahead); the stamps of the last step are printed.
 
-    python3 scripts/h200_layer_trace.py [SHAPE [LAYERS [FMT]]]   (qwen3-30b-a3b 12 q4)
+    python3 scripts/device/layer_trace.py [SHAPE [LAYERS [FMT]]]   (qwen3-30b-a3b 12 q4)
 
 How: this script replaces chain_source (qmv/cuda.py, used by every chained launch) with one that
 stamps each block's start, release (the wait's end, recorded by a patched wait_published) and

@@ -1,7 +1,7 @@
 """Operations in one decode step (H200 probe for issue 5): the primitives MLX evaluates for one
 token, by kind, for the engine's step (compiled and eager) and mlx-lm's, from mx.export_to_dot.
 
-    python3 scripts/h200_graph.py SHAPE [QUANT_BITS [LAYERS]]     # e.g. qwen3-4b 4
+    python3 scripts/device/ops_per_token.py SHAPE [QUANT_BITS [LAYERS]]     # e.g. qwen3-4b 4
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import mlx_omnia
 
 _ENGINE_FIRST = mlx_omnia.runtime_info
 import mlx.core as mx  # noqa: E402
-from h200_overhead import checkpoint, load_arm  # noqa: E402  (scripts/ is on the path)
+from host_overhead import checkpoint, load_arm  # noqa: E402  (scripts/device/ is on the path)
 
 from mlx_omnia.bench import shapes  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Host time of a compiled chain of trivial custom kernels against their inputs and outputs
 (H200 probe for issue 5): which part of a launch's host cost grows with what.
 
-    python3 scripts/h200_slots.py
+    python3 scripts/device/launch_slot_cost.py
 
 Each variant compiles a function of LAUNCHES chained launches (each reads x and writes y[0] =
 x[0] + 1, plus extra inputs it does not read and extra outputs it writes one value of), then

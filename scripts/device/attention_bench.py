@@ -2,7 +2,7 @@
 and the core path (the two-launch kernel it replaced measured 29.0 / 36.2 us at 512 / 4000
 rows on 2026-12-03; scripts/_attention_v1.py in git history up to c9a50ab).
 
-    python3 scripts/h200_attention_bench.py [VARIANT,... [LENGTH,...]]"""
+    python3 scripts/device/attention_bench.py [VARIANT,... [LENGTH,...]]"""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ launches on their own caches, evaluated together (as decode runs them); the stam
 of the chain are printed as the median time from the block's start to each mark, and the merge
 (the last block of a kv head) separately.
 
-    python3 scripts/h200_attention_trace.py [KV_HEADS,... [LENGTH [CAPACITY [chained]]]]
+    python3 scripts/device/attention_trace.py [KV_HEADS,... [LENGTH [CAPACITY [chained]]]]
 
 `chained`: the attention as the second phase of project_attend (q/k/v projections, affine 4-bit
 g64 from a 2048-wide input, in the same launch); "wait" is then the wait for the projections.

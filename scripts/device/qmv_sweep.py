@@ -2,8 +2,8 @@
 flushed before each kernel, so weights stream from memory as in a decode step).
 
     ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
-        python3 scripts/h200_qmv_sweep.py run sweep.json > sweep.csv
-    python3 scripts/h200_qmv_sweep.py report sweep.csv sweep.json"""
+        python3 scripts/device/qmv_sweep.py run sweep.json > sweep.csv
+    python3 scripts/device/qmv_sweep.py report sweep.csv sweep.json"""
 
 from __future__ import annotations
 

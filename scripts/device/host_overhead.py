@@ -10,7 +10,7 @@ for the arms in OVERHEAD_ARMS (omnia, omnia-reference, mlx-lm; default omnia,mlx
 and, for scale, a chain of N trivial custom kernels compiled into one function (time per op,
 waited and host-only).
 
-    python3 scripts/h200_overhead.py [SHAPE [QUANT_BITS [LAYERS]]]    # e.g. qwen3-4b 4
+    python3 scripts/device/host_overhead.py [SHAPE [QUANT_BITS [LAYERS]]]    # e.g. qwen3-4b 4
 """
 
 from __future__ import annotations

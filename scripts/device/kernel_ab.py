@@ -2,7 +2,7 @@
 patch applied while its kernels are built, the arms' pipelined decode steps timed in rotating
 rounds (so the GPU's and host's state drifts alike for all), medians printed.
 
-    python3 scripts/h200_ab.py VARIANT[,VARIANT...] [SHAPE [LAYERS [ROUNDS]]]   (qwen3-30b-a3b 48 8)
+    python3 scripts/device/kernel_ab.py VARIANT[,VARIANT...] [SHAPE [LAYERS [ROUNDS]]]   (qwen3-30b-a3b 48 8)
 
 (V1+V2: an arm with both patches.)
 
@@ -10,7 +10,7 @@ VARIANT names a patch in VARIANTS (the "B" arm is the tree as it is; "A0", "A1".
 The patch must act while the kernels are built: each model's first steps (which trace its
 compiled step and so build its launches) run under it, and the launchers' caches are cleared
 between the models so none reuses another's kernels. TRACE=1: every model's chained
-launches are stamped as scripts/h200_layer_trace.py stamps them, and each arm's last step is
+launches are stamped as scripts/device/layer_trace.py stamps them, and each arm's last step is
 reported that way (GPU times, whatever the host does)."""
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def main() -> None:
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 8
     trace: Any = None
     if os.environ.get("TRACE") == "1":
-        from scripts import h200_layer_trace as trace
+        from scripts.device import layer_trace as trace
 
         trace.patch()
     import mlx_omnia
@@ -347,7 +347,7 @@ def main() -> None:
             print(f"B / {arm.split()[0]} step time {b / statistics.median(v):.4f}")
     print(f"({shape}, {layers} layers, {rounds} rounds of {STEPS} steps, arms rotated)")
     # The fastest arm that gives the tree's bits and beats it by more than WIN (for a script
-    # that goes on with it, e.g. h200_run9.sh X's bench): "none" where no arm does.
+    # that goes on with it, e.g. run.sh X's bench): "none" where no arm does.
     win = float(os.environ.get("WIN", "1.02"))
     fast = [(statistics.median(v), arm) for arm, v in times.items()
             if arm in same and arm != "B tree" and b / statistics.median(v) > win]
