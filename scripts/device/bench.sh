@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The published GPU benches (docs/benchmarks.md, "Publishing a result"), on a lent machine:
 #   bash scripts/device/bench.sh dense|moe [EXTRA omnia-bench ARGS...]
+#   bash scripts/device/bench.sh paired --ref DIR --model SHAPE [ARGS...]   (this tree vs DIR's)
 # dense: Qwen3-4B in bfloat16, then affine 4-bit g64; moe: Qwen3-30B-A3B 4-bit g64 written
 # quantized. Both engines in the same format, free generation included, RUNS runs (default 3),
 # each result under $OUT/bench-results. Set OMNIA_BENCH_REVISION to the commit that was copied
@@ -19,5 +20,8 @@ bench() {
 case $what in
   dense) bench --model qwen3-4b "$@"; bench --model qwen3-4b --quantize 4 "$@" ;;
   moe) bench --model qwen3-30b-a3b --quantize 4 --prequantize "$@" ;;
-  *) echo "unknown: $what (dense or moe)"; exit 2 ;;
+  paired)
+    timeout "${T:-400}" python3 -m mlx_omnia.bench.main paired --runs "${RUNS:-3}" \
+      --results "$OUT/bench-results" "$@" 2>&1 | grep -v '^\[omnia-bench\] run ' | tee -a "$OUT/bench.txt" ;;
+  *) echo "unknown: $what (dense, moe or paired)"; exit 2 ;;
 esac

@@ -126,7 +126,7 @@ def paired(args: argparse.Namespace, out: common.Out = print) -> dict[str, Any]:
     out(table(rows, "ref"))
     report: dict[str, Any] = {
         "command": "paired",
-        "common.environment": env,
+        "environment": env,
         "ref": args.ref,
         "model": {"source": args.model, "shape": None if Path(args.model).is_dir() else args.model},
         "options": {"dtype": args.dtype, "quantize": common.quantize_json(quantize, on_disk),
