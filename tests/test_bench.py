@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlx_omnia.bench import gate, measure, table
+from mlx_omnia.bench import gate, measure, results_file, table
 from mlx_omnia.bench import main as bench
 from mlx_omnia.bench.shapes import SHAPES, build_checkpoint, checkpoint_bytes, tensor_shapes
 
@@ -132,11 +132,17 @@ def test_explain_counts_bindings_by_implementation(tmp_path: Path) -> None:
 
 def test_paired_runs_each_tree_in_its_own_process(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1]
-    text, report = run_bench(tmp_path, "paired", *SMALL, "--ref", str(root))
+    text, report = run_bench(tmp_path, "paired", *SMALL, "--ref", str(root),
+                             "--results", str(tmp_path / "results"))
     assert list(table_rows(text)) == ["working", "ref"]
     assert report["argmax_identical"] is True
     for row in report["table"]:
         assert_positive_row(row)
+    # the published form: a file named by results_file, a row of the paired table
+    (saved,) = (tmp_path / "results").glob("*.json")
+    assert saved.name == results_file.file_name(report) and saved.name.endswith("_paired.json")
+    (row,) = results_file.paired_table([report]).splitlines()[2:]
+    assert f"| `{root}` | " in row and "| tiny | bf16 |" in row and row.endswith("| identical |")
 
 
 def test_moe_checkpoint_is_sharded_with_per_expert_tensors(tmp_path: Path) -> None:
