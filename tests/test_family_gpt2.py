@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mlx_omnia import load
-from mlx_omnia.engine.core.binding import bind_layers
+from mlx_omnia.engine.core.binder import bind_layers
 from mlx_omnia.engine.core.mxcompat import flat_parameters, load_safetensors, set_parameters
 from mlx_omnia.engine.errors import UnsupportedModelError
 from mlx_omnia.engine.loading.registry import family_for

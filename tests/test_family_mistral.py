@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mlx_omnia import load
-from mlx_omnia.engine.core.binding import bind_layers
+from mlx_omnia.engine.core.binder import bind_layers
 from mlx_omnia.engine.core.mxcompat import flat_parameters, set_parameters
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.weights import read_json

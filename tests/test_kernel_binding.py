@@ -12,49 +12,35 @@ import itertools
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlx_omnia.engine.core.binding import Declaration, Implementation, bind_layers
+from mlx_omnia.engine.core.binder import bind_layers
+from mlx_omnia.engine.core.binding import Declaration, Kernel, register
 from mlx_omnia.engine.core.kernels import (
     cuda_backend,
     header_include,
     launch_scratch,
     own_scratch,
 )
-from mlx_omnia.engine.core.kernels.attention_step import (
-    attention_applies,
-    attention_fits,
-    project_attend_applies,
-    project_attend_fits,
-)
+from mlx_omnia.engine.core.kernels.attention_step import ATTENTION_STEP, PROJECT_ATTEND
 from mlx_omnia.engine.core.kernels.moe import (
-    chain_applies,
-    chain_fits_decl,
+    EXPERTS_CHAIN,
+    EXPERTS_DOWN,
+    EXPERTS_GATE_UP,
+    PROJECT_ROUTE,
+    ROUTE,
+    ROUTE_EXPERTS,
     chain_specs,
-    experts_applies,
     experts_fits_decl,
-    project_route_applies,
-    project_route_fits_decl,
     project_route_specs,
-    route_applies,
-    route_experts_applies,
-    route_experts_fits_decl,
     route_experts_specs,
-    route_fits_decl,
     routed_spec,
 )
-from mlx_omnia.engine.core.kernels.qmv import (
-    chained_applies,
-    chained_fits_decl,
-    linear_applies,
-    linear_fits,
-    projections_applies,
-    projections_fits,
-)
+from mlx_omnia.engine.core.kernels.qmv import CHAINED_QMV, QMV_LINEAR, QMV_PROJECTIONS
 from mlx_omnia.engine.core.layers import (
     AttentionStep,
     ChainedProjections,
@@ -122,12 +108,12 @@ LINEAR_DECLINED: dict[str, Callable[[], Linear]] = {
 
 @pytest.mark.parametrize("case", sorted(LINEAR_ACCEPTED))
 def test_qmv_accepts_what_it_computes(case: str) -> None:
-    assert linear_fits(LINEAR_ACCEPTED[case]())
+    assert QMV_LINEAR.fits(LINEAR_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(LINEAR_DECLINED))
 def test_qmv_declines_a_declaration_differing_in_one_property(case: str) -> None:
-    assert not linear_fits(LINEAR_DECLINED[case]())
+    assert not QMV_LINEAR.fits(LINEAR_DECLINED[case]())
 
 
 # --- Projections ------------------------------------------------------------------------------
@@ -169,12 +155,12 @@ PROJECTIONS_DECLINED: dict[str, Callable[[], Projections]] = {
 
 @pytest.mark.parametrize("case", sorted(PROJECTIONS_ACCEPTED))
 def test_projections_kernel_accepts_what_it_computes(case: str) -> None:
-    assert projections_fits(PROJECTIONS_ACCEPTED[case]())
+    assert QMV_PROJECTIONS.fits(PROJECTIONS_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(PROJECTIONS_DECLINED))
 def test_projections_kernel_declines_a_declaration_differing_in_one_property(case: str) -> None:
-    assert not projections_fits(PROJECTIONS_DECLINED[case]())
+    assert not QMV_PROJECTIONS.fits(PROJECTIONS_DECLINED[case]())
 
 
 def test_gated_projections_need_two() -> None:
@@ -232,12 +218,12 @@ ATTENTION_DECLINED: dict[str, Callable[[], AttentionStep]] = {
 
 @pytest.mark.parametrize("case", sorted(ATTENTION_ACCEPTED))
 def test_attention_kernel_accepts_what_it_computes(case: str) -> None:
-    assert attention_fits(ATTENTION_ACCEPTED[case]())
+    assert ATTENTION_STEP.fits(ATTENTION_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(ATTENTION_DECLINED))
 def test_attention_kernel_declines_a_declaration_differing_in_one_property(case: str) -> None:
-    assert not attention_fits(ATTENTION_DECLINED[case]())
+    assert not ATTENTION_STEP.fits(ATTENTION_DECLINED[case]())
 
 
 # --- mixture of experts: Route, GateUp, DownCombine -------------------------------------------
@@ -325,7 +311,7 @@ ROUTED_DECLINED: dict[str, Callable[[], Route]] = {
 @pytest.mark.parametrize("case", sorted(ROUTED_ACCEPTED))
 def test_route_kernel_fuses_the_router_it_computes(case: str) -> None:
     decl = ROUTED_ACCEPTED[case]()
-    assert route_fits_decl(decl) and routed_spec(decl) is not None
+    assert ROUTE.fits(decl) and routed_spec(decl) is not None
 
 
 @pytest.mark.parametrize("case", sorted(ROUTED_DECLINED))
@@ -340,12 +326,12 @@ def test_a_router_is_one_ungated_projection() -> None:
 
 @pytest.mark.parametrize("case", sorted(ROUTE_ACCEPTED))
 def test_route_kernel_accepts_what_it_computes(case: str) -> None:
-    assert route_fits_decl(ROUTE_ACCEPTED[case]())
+    assert ROUTE.fits(ROUTE_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(ROUTE_DECLINED))
 def test_route_kernel_declines_a_declaration_differing_in_one_property(case: str) -> None:
-    assert not route_fits_decl(ROUTE_DECLINED[case]())
+    assert not ROUTE.fits(ROUTE_DECLINED[case]())
 
 
 @pytest.mark.parametrize("cls", [GateUp, DownCombine], ids=lambda c: c.__name__)
@@ -429,12 +415,12 @@ CHAIN_DECLINED: dict[str, Callable[[], DownCombine]] = {
 
 @pytest.mark.parametrize("case", sorted(CHAIN_ACCEPTED))
 def test_experts_chain_accepts_the_pair_it_computes(case: str) -> None:
-    assert chain_fits_decl(CHAIN_ACCEPTED[case]())
+    assert EXPERTS_CHAIN.fits(CHAIN_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(CHAIN_DECLINED))
 def test_experts_chain_declines_a_pair_differing_in_one_property(case: str) -> None:
-    assert not chain_fits_decl(CHAIN_DECLINED[case]())
+    assert not EXPERTS_CHAIN.fits(CHAIN_DECLINED[case]())
 
 
 def test_experts_chain_declines_more_selected_experts_than_one_block_stages() -> None:
@@ -496,12 +482,12 @@ PROJECT_ROUTE_DECLINED: dict[str, Callable[[], ProjectRoute]] = {
 
 @pytest.mark.parametrize("case", sorted(PROJECT_ROUTE_ACCEPTED))
 def test_project_route_accepts_the_pair_it_computes(case: str) -> None:
-    assert project_route_fits_decl(PROJECT_ROUTE_ACCEPTED[case]())
+    assert PROJECT_ROUTE.fits(PROJECT_ROUTE_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(PROJECT_ROUTE_DECLINED))
 def test_project_route_declines_a_pair_differing_in_one_property(case: str) -> None:
-    assert not project_route_fits_decl(PROJECT_ROUTE_DECLINED[case]())
+    assert not PROJECT_ROUTE.fits(PROJECT_ROUTE_DECLINED[case]())
 
 
 def test_project_route_needs_a_route_declaring_its_router() -> None:
@@ -560,12 +546,12 @@ ROUTE_EXPERTS_DECLINED: dict[str, Callable[[], RouteExperts]] = {
 
 @pytest.mark.parametrize("case", sorted(ROUTE_EXPERTS_ACCEPTED))
 def test_route_experts_accepts_the_chain_it_computes(case: str) -> None:
-    assert route_experts_fits_decl(ROUTE_EXPERTS_ACCEPTED[case]())
+    assert ROUTE_EXPERTS.fits(ROUTE_EXPERTS_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(ROUTE_EXPERTS_DECLINED))
 def test_route_experts_declines_a_chain_differing_in_one_property(case: str) -> None:
-    assert not route_experts_fits_decl(ROUTE_EXPERTS_DECLINED[case]())
+    assert not ROUTE_EXPERTS.fits(ROUTE_EXPERTS_DECLINED[case]())
 
 
 def test_route_experts_runs_the_projection_at_the_experts_block_size() -> None:
@@ -583,9 +569,9 @@ def test_route_experts_runs_the_projection_at_the_experts_block_size() -> None:
 def test_route_experts_binds_on_a_gpu_unless_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """Never on the CPU; on a GPU unless OMNIA_ROUTE_EXPERTS=0 (A/B runs)."""
     monkeypatch.delenv("OMNIA_ROUTE_EXPERTS", raising=False)
-    assert route_experts_applies(route_experts()) == cuda_backend()
+    assert ROUTE_EXPERTS.applies(route_experts()) == cuda_backend()
     monkeypatch.setenv("OMNIA_ROUTE_EXPERTS", "0")
-    assert not route_experts_applies(route_experts())
+    assert not ROUTE_EXPERTS.applies(route_experts())
 
 
 def test_route_experts_is_project_route_then_the_experts() -> None:
@@ -645,12 +631,12 @@ CHAINED_DECLINED: dict[str, Callable[[], ChainedProjections]] = {
 
 @pytest.mark.parametrize("case", sorted(CHAINED_ACCEPTED))
 def test_chained_qmv_accepts_the_pair_it_computes(case: str) -> None:
-    assert chained_fits_decl(CHAINED_ACCEPTED[case]())
+    assert CHAINED_QMV.fits(CHAINED_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(CHAINED_DECLINED))
 def test_chained_qmv_declines_a_pair_differing_in_one_property(case: str) -> None:
-    assert not chained_fits_decl(CHAINED_DECLINED[case]())
+    assert not CHAINED_QMV.fits(CHAINED_DECLINED[case]())
 
 
 def test_chained_projections_are_the_projection_then_the_projections() -> None:
@@ -712,12 +698,12 @@ PROJECT_ATTEND_DECLINED: dict[str, Callable[[], ProjectAttend]] = {
 
 @pytest.mark.parametrize("case", sorted(PROJECT_ATTEND_ACCEPTED))
 def test_project_attend_accepts_the_pair_it_computes(case: str) -> None:
-    assert project_attend_fits(PROJECT_ATTEND_ACCEPTED[case]())
+    assert PROJECT_ATTEND.fits(PROJECT_ATTEND_ACCEPTED[case]())
 
 
 @pytest.mark.parametrize("case", sorted(PROJECT_ATTEND_DECLINED))
 def test_project_attend_declines_a_pair_differing_in_one_property(case: str) -> None:
-    assert not project_attend_fits(PROJECT_ATTEND_DECLINED[case]())
+    assert not PROJECT_ATTEND.fits(PROJECT_ATTEND_DECLINED[case]())
 
 
 def test_project_attend_is_the_projections_then_the_attention() -> None:
@@ -743,15 +729,35 @@ def test_project_attend_is_the_projections_then_the_attention() -> None:
 
 
 class _Pair(Declaration):
-    """A declaration with a chained implementation and a plain one, both always applying."""
-
-    implementations = (
-        Implementation("pair_chained", lambda _: True, lambda _: lambda: "chained", chained=True),
-        Implementation("pair_plain", lambda _: True, lambda _: lambda: "plain"),
-    )
+    """A declaration with a chained kernel and a plain one registered, both always applying."""
 
     def reference(self) -> Callable[[], str]:
         return lambda: "core"
+
+
+class _Always(Kernel[Declaration]):
+    """A kernel that applies to any declaration of its type and returns its own name."""
+
+    def __init__(self, name: str, declaration: type[Declaration], *, chained: bool = False,
+                 build: Callable[[Any], Callable[[], str]] | None = None) -> None:
+        self.name, self.declaration, self.chained = name, declaration, chained
+        self._build = build
+
+    def fits(self, decl: Declaration) -> bool:
+        return True
+
+    def applies(self, decl: Declaration) -> bool:
+        return True
+
+    def build(self, decl: Declaration) -> Callable[[], str]:
+        if self._build is not None:
+            return self._build(decl)
+        name = self.name
+        return lambda: name
+
+
+register(_Always("pair_chained", _Pair, chained=True))
+register(_Always("pair_plain", _Pair))
 
 
 def test_chained_implementations_can_be_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -778,9 +784,7 @@ def _take_scratch(decl: _Scratched) -> Callable[[], str]:
 
 
 class _Scratched(Declaration):
-    """A declaration whose one implementation takes a launch scratch when it is built."""
-
-    implementations = (Implementation("scratched", lambda _: True, _take_scratch),)
+    """A declaration whose one kernel takes a launch scratch when it is built."""
 
     def __init__(self, nbytes: int) -> None:
         super().__init__()
@@ -788,6 +792,9 @@ class _Scratched(Declaration):
 
     def reference(self) -> Callable[[], str]:
         return lambda: "core"
+
+
+register(_Always("scratched", _Scratched, build=_take_scratch))
 
 
 def test_one_models_bindings_share_a_launch_scratch_and_independent_ones_do_not() -> None:
@@ -821,16 +828,17 @@ def test_one_models_bindings_share_a_launch_scratch_and_independent_ones_do_not(
 # --- the CPU backend ----------------------------------------------------------------------------
 @on_cpu
 def test_no_cuda_kernel_applies_on_the_cpu() -> None:
-    assert not linear_applies(LINEAR_ACCEPTED["dense bf16"]())
-    assert not projections_applies(PROJECTIONS_ACCEPTED["q/k/v after an RMS norm"]())
-    assert not attention_applies(ATTENTION_ACCEPTED["qwen3 (head norms, GQA 4)"]())
-    assert not route_applies(ROUTE_ACCEPTED["128 experts, top 8, renormalized"]())
-    assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](GateUp))
-    assert not experts_applies(EXPERTS_ACCEPTED["affine 4-bit g64"](DownCombine))
-    assert not chain_applies(CHAIN_ACCEPTED["affine 4-bit g64"]())
-    assert not project_route_applies(PROJECT_ROUTE_ACCEPTED["4-bit o_proj, 4-bit router"]())
-    assert not chained_applies(CHAINED_ACCEPTED["4-bit o_proj, 4-bit gate/up after the norm"]())
-    assert not project_attend_applies(PROJECT_ATTEND_ACCEPTED["qwen3-4b 4-bit"]())
+    assert not QMV_LINEAR.applies(LINEAR_ACCEPTED["dense bf16"]())
+    assert not QMV_PROJECTIONS.applies(PROJECTIONS_ACCEPTED["q/k/v after an RMS norm"]())
+    assert not ATTENTION_STEP.applies(ATTENTION_ACCEPTED["qwen3 (head norms, GQA 4)"]())
+    assert not ROUTE.applies(ROUTE_ACCEPTED["128 experts, top 8, renormalized"]())
+    assert not EXPERTS_GATE_UP.applies(cast(GateUp, EXPERTS_ACCEPTED["affine 4-bit g64"](GateUp)))
+    assert not EXPERTS_DOWN.applies(
+        cast(DownCombine, EXPERTS_ACCEPTED["affine 4-bit g64"](DownCombine)))
+    assert not EXPERTS_CHAIN.applies(CHAIN_ACCEPTED["affine 4-bit g64"]())
+    assert not PROJECT_ROUTE.applies(PROJECT_ROUTE_ACCEPTED["4-bit o_proj, 4-bit router"]())
+    assert not CHAINED_QMV.applies(CHAINED_ACCEPTED["4-bit o_proj, 4-bit gate/up after the norm"]())
+    assert not PROJECT_ATTEND.applies(PROJECT_ATTEND_ACCEPTED["qwen3-4b 4-bit"]())
 
 
 @on_cpu

@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_omnia.engine.core.binding import bind_layers
+from mlx_omnia.engine.core.binder import bind_layers
 from mlx_omnia.engine.core.layers import RmsNorm
 from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route, RouteOrder
 

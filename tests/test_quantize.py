@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from mlx_omnia import CheckpointError, InvalidOptionsError, Model, load
-from mlx_omnia.engine.core.binding import bind_layers
+from mlx_omnia.engine.core.binder import bind_layers
 from mlx_omnia.engine.core.layers import Embedding, Linear
 from mlx_omnia.engine.core.mxcompat import named_modules
 from tests.fixtures.tiny import tiny_weights

@@ -12,7 +12,7 @@ import time
 import mlx.core as mx
 
 from mlx_omnia.engine.core.cache import StaticKVCache
-from mlx_omnia.engine.core.kernels.attention_step import attention_build
+from mlx_omnia.engine.core.kernels.attention_step import ATTENTION_STEP
 from mlx_omnia.engine.core.layers import AttentionStep, RmsNorm, Rope
 
 LAYERS, H, HKV, D = 36, 32, 8, 128
@@ -64,7 +64,7 @@ def measure(name: str, project, length: int) -> None:
 def main() -> None:
     decl = AttentionStep(n_heads=H, n_kv_heads=HKV, head_dim=D, q_norm=norm(), k_norm=norm(),
                          rope=Rope(D, base=1e6))
-    variants = {"kernel": attention_build(decl), "core": decl.reference_project()}
+    variants = {"kernel": ATTENTION_STEP.build(decl), "core": decl.reference_project()}
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(variants)
     lengths = [int(n) for n in sys.argv[2].split(",")] if len(sys.argv) > 2 else [512, 2000, 4000]
     for length in lengths:

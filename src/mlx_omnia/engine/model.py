@@ -10,7 +10,7 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlx_omnia.engine.core.binding import bindings
+from mlx_omnia.engine.core.binder import bindings
 from mlx_omnia.engine.core.layers import Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
 from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, named_modules
@@ -18,6 +18,7 @@ from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
 from mlx_omnia.engine.generate.loop import Decoding, Network, generate_tokens
 from mlx_omnia.engine.generate.sampling import SampledLogprobs, Sampler, SamplingParams
 from mlx_omnia.engine.generate.stops import StopMatcher
+from mlx_omnia.engine.saving import save_model
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
 from mlx_omnia.engine.text.tokenizer import Tokenizer
 from mlx_omnia.engine.types import (
@@ -75,6 +76,22 @@ class GenerationDefaults:
             repetition_penalty=num("repetition_penalty", 1.0),
             max_new_tokens=max_new if isinstance(max_new, int) and max_new > 0 else None,
         )
+
+    def to_dict(self, eos_token_ids: frozenset[int]) -> dict[str, Any]:
+        """A generation_config.json with these defaults and end tokens (what saving writes when
+        the source checkpoint had none)."""
+        out: dict[str, Any] = {"do_sample": self.do_sample}
+        if self.do_sample:
+            out.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                       min_p=self.min_p)
+        if self.repetition_penalty != 1.0:
+            out["repetition_penalty"] = self.repetition_penalty
+        if self.max_new_tokens is not None:
+            out["max_new_tokens"] = self.max_new_tokens
+        eos = sorted(eos_token_ids)
+        if eos:
+            out["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+        return out
 
 
 class Model:
@@ -201,8 +218,6 @@ class Model:
         """Write this model as an MLX-layout checkpoint directory (config.json with its
         quantization, model.safetensors, tokenizer files, generation_config.json); `load` reads
         it back. `path` must be new or empty."""
-        from mlx_omnia.engine.saving import save_model
-
         return save_model(self, Path(path))
 
     # -- internals -------------------------------------------------------------------------

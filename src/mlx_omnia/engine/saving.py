@@ -11,18 +11,43 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from mlx_omnia.engine.core.layers import Embedding, Linear
 from mlx_omnia.engine.core.moe import ExpertLinear
 from mlx_omnia.engine.core.mxcompat import flat_parameters, named_modules, save_safetensors
 from mlx_omnia.engine.errors import InvalidOptionsError, UnsupportedModelError
 
-if TYPE_CHECKING:  # Model calls into this module, never the other way round
-    from mlx_omnia.engine.model import Model
+
+class _Defaults(Protocol):
+    """The generation defaults of the source checkpoint (engine.model.GenerationDefaults)."""
+
+    def to_dict(self, eos_token_ids: frozenset[int]) -> dict[str, Any]: ...
+
+
+class _Tokenizer(Protocol):
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+
+class Model(Protocol):
+    """What saving reads of a loaded model (engine.model.Model, which calls into this module)."""
+
+    @property
+    def network(self) -> nn.Module: ...
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def defaults(self) -> _Defaults: ...
+    @property
+    def tokenizer(self) -> _Tokenizer: ...
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -121,16 +146,4 @@ def _config(model: Model, arrays: dict[str, mx.array]) -> dict[str, Any]:
 
 
 def _generation_config(model: Model) -> dict[str, Any]:
-    d = model.defaults
-    out: dict[str, Any] = {"do_sample": d.do_sample}
-    if d.do_sample:
-        out.update(temperature=d.temperature, top_p=d.top_p, top_k=d.top_k, min_p=d.min_p)
-    if d.repetition_penalty != 1.0:
-        out["repetition_penalty"] = d.repetition_penalty
-    if d.max_new_tokens is not None:
-        out["max_new_tokens"] = d.max_new_tokens
-    eos = sorted(model.tokenizer.eos_token_ids)
-    if eos:
-        out["eos_token_id"] = eos[0] if len(eos) == 1 else eos
-    return out
-
+    return model.defaults.to_dict(model.tokenizer.eos_token_ids)

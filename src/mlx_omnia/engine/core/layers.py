@@ -14,8 +14,6 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
 from mlx_omnia.engine.core.cache import KVCache, Mask, StaticKVCache, visibility
-from mlx_omnia.engine.core.kernels import attention_step as attention_kernels
-from mlx_omnia.engine.core.kernels import qmv as qmv_kernels
 from mlx_omnia.engine.core.mxcompat import (
     drop_parameters,
     gelu_tanh_mul,
@@ -25,14 +23,12 @@ from mlx_omnia.engine.core.mxcompat import (
 
 QuantMode = Literal["affine"]
 Gate = Literal["silu", "gelu_tanh"]
-_LINEAR_QMV, _PROJECTIONS_QMV, _CHAINED_QMV = qmv_kernels.implementations()
 
 
 class Linear(Declaration):
     """Qmv: y = x @ W.T (+ b) (+ residual), W dense or affine-quantized along the input
     dimension. `residual` declares what follows: the result is added to it (x + attn(x))."""
 
-    implementations = (_LINEAR_QMV,)
 
     weight: mx.array
     bias: mx.array
@@ -307,7 +303,6 @@ class AttentionStep(Declaration):
     offset, this attention, heads merged back to [B, L, H*Dv]. The norms and the rope are the
     family's modules (declared here, not owned: the checkpoint names them where they are)."""
 
-    implementations = (attention_kernels.implementation(),)
     _pre: tuple[RmsNorm | None, RmsNorm | None, Rope | None]
 
     def __init__(
@@ -464,7 +459,6 @@ class Projections(Declaration):
     act(first) * second. Returns the projections' outputs (one, when gated). The modules are
     declared here, not owned: their parameters stay where the checkpoint names them."""
 
-    implementations = (_PROJECTIONS_QMV,)
     _matrices: tuple[Linear | Embedding, ...]
     _norm: RmsNorm | None
 
@@ -510,7 +504,6 @@ class ProjectAttend(Declaration):
     they run, so a kernel may run both in one launch; owns neither, and each keeps its own
     binding for what the pair's kernel declines."""
 
-    implementations = (attention_kernels.project_attend_implementation(),)
     _qkv: Projections
     _attention: AttentionStep
 
@@ -548,7 +541,6 @@ class ChainedProjections(Declaration):
     both in one launch; owns neither, and each keeps its own binding for what the pair's kernel
     declines."""
 
-    implementations = (_CHAINED_QMV,)
     _project: Linear
     _then: Projections
 

@@ -21,15 +21,12 @@ from typing import Literal
 import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
-from mlx_omnia.engine.core.kernels import moe as moe_kernels
 from mlx_omnia.engine.core.layers import Linear, Projections, RmsNorm
 from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
 
 RouteOrder = Literal["softmax_topk", "topk_softmax"]
 ExpertQuantMode = Literal["affine", "mxfp4"]
 GateActivation = Literal["silu", "gpt_oss_swiglu"]
-(_ROUTE_CUDA, _GATE_UP_CUDA, _DOWN_COMBINE_CUDA, _PROJECT_ROUTE_CUDA,
- _ROUTE_EXPERTS_CUDA) = moe_kernels.implementations()
 
 
 class Route(Declaration):
@@ -45,7 +42,6 @@ class Route(Declaration):
     h instead of its logits: route(h) = top-k routing of router(h). A kernel may then compute
     the logits and the routing in one launch."""
 
-    implementations = (_ROUTE_CUDA,)
     _router: Projections | None
 
     def __init__(
@@ -114,7 +110,6 @@ class ProjectRoute(Declaration):
     router), so a kernel may run both in one launch; owns neither: their weights stay where the
     checkpoint puts them, and each keeps its own binding for what the pair's kernel declines."""
 
-    implementations = _PROJECT_ROUTE_CUDA
     _project: Linear
     _route: Route
 
@@ -275,7 +270,6 @@ class GateUp(ExpertLinear):
     layer's RmsNorm, declared here, not owned) normalizes x first, so the experts take the
     residual stream as it is and no separate norm runs for them."""
 
-    implementations = (_GATE_UP_CUDA,)
     _norm: RmsNorm | None
 
     def __init__(
@@ -350,7 +344,6 @@ class DownCombine(ExpertLinear):
     projection's input x [..., in] in place of h and computes down(gate_up(x, ids)), so a kernel
     may run both in one launch."""
 
-    implementations = _DOWN_COMBINE_CUDA
     _gate_up: GateUp | None
 
     def __init__(
@@ -414,7 +407,6 @@ class RouteExperts(Declaration):
     chain in the order it runs, so a kernel may run it in one launch; owns neither part: each
     keeps its own binding for what the chain's kernel declines."""
 
-    implementations = _ROUTE_EXPERTS_CUDA
     _project_route: ProjectRoute
     _experts: DownCombine
 

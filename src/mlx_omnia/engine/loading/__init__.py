@@ -7,19 +7,15 @@ from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
-import mlx.nn as nn
 
-from mlx_omnia.engine.core.binding import bind_layers
-from mlx_omnia.engine.core.layers import Embedding, Linear
-from mlx_omnia.engine.core.moe import ExpertLinear
-from mlx_omnia.engine.core.mxcompat import evaluate, flat_parameters, named_modules
 from mlx_omnia.engine.errors import CheckpointError, InvalidOptionsError
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.resolve import Source, resolve
 from mlx_omnia.engine.loading.weights import (
-    cast_floats,
     declare_quantization,
+    finish_network,
     load_strict,
+    on_cpu,
     read_json,
     read_safetensors,
 )
@@ -64,10 +60,6 @@ def load(
     return _load_directory(source, dtype=want, quantize=spec, reference_kernels=reference_kernels)
 
 
-def on_cpu() -> bool:
-    return mx.default_device() == mx.cpu
-
-
 def _dtype(dtype: str | mx.Dtype | None) -> mx.Dtype | None:
     if dtype is None or isinstance(dtype, mx.Dtype):
         return dtype
@@ -93,23 +85,6 @@ def _quantize_spec(quantize: QuantizeSpec) -> tuple[int, int] | None:
 def _checkpoint_dtype(config: Mapping[str, Any]) -> mx.Dtype:
     name = config.get("dtype") or config.get("torch_dtype") or "float32"
     return DTYPES.get(str(name), mx.float32)
-
-
-def finish_network(
-    network: nn.Module, *, dtype: mx.Dtype, quantize: tuple[int, int] | None,
-    reference_kernels: bool | None = None,
-) -> None:
-    """After strict loading: cast, optionally quantize, bind declarations, materialize."""
-    cast_floats(network, dtype)
-    if quantize is not None:
-        bits, group_size = quantize
-        for _, module in named_modules(network):
-            if isinstance(module, Linear | Embedding | ExpertLinear) and not module.quantized:
-                dims = module.input_dims if isinstance(module, Linear | ExpertLinear) else module.dims
-                if dims % group_size == 0:
-                    module.quantize_weights(bits=bits, group_size=group_size)
-    bind_layers(network, force_reference=reference_kernels)
-    evaluate(list(flat_parameters(network).values()))
 
 
 def eos_ids(*configs: Mapping[str, Any]) -> list[int]:

@@ -13,7 +13,12 @@ from mlx_omnia.engine.core.mxcompat import named_modules
 from mlx_omnia.engine.errors import CheckpointError, UnsupportedModelError
 from mlx_omnia.engine.loading.registry import FamilyCheckpoint, family_for
 from mlx_omnia.engine.loading.resolve import Source
-from mlx_omnia.engine.loading.weights import declare_quantization, load_strict
+from mlx_omnia.engine.loading.weights import (
+    declare_quantization,
+    finish_network,
+    load_strict,
+    on_cpu,
+)
 from mlx_omnia.engine.model import GenerationDefaults, Model
 from mlx_omnia.engine.text.gguf_tokenizer import tokenizer_from_gguf
 
@@ -57,8 +62,6 @@ def load_gguf(
     source: Source, *, dtype: mx.Dtype | None, quantize: tuple[int, int] | None,
     reference_kernels: bool | None = None,
 ) -> Model:
-    from mlx_omnia.engine.loading import finish_network, on_cpu
-
     tensors, metadata = read(source.path)
     arch = str(metadata.get("general.architecture", ""))
     family = family_for(arch)

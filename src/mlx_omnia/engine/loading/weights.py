@@ -1,4 +1,5 @@
-"""Reading tensors from checkpoint files and putting them into a network, strictly."""
+"""Reading tensors from checkpoint files, putting them into a network strictly, and finishing
+the network (dtype, quantization, binding)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.binder import bind_layers
 from mlx_omnia.engine.core.layers import Embedding, Linear
 from mlx_omnia.engine.core.moe import ExpertLinear
 from mlx_omnia.engine.core.mxcompat import (
+    evaluate,
     flat_parameters,
     load_safetensors,
     named_modules,
@@ -176,3 +179,24 @@ def cast_floats(network: nn.Module, dtype: mx.Dtype) -> None:
         network,
         [(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in params.items()],
     )
+
+
+def on_cpu() -> bool:
+    return mx.default_device() == mx.cpu
+
+
+def finish_network(
+    network: nn.Module, *, dtype: mx.Dtype, quantize: tuple[int, int] | None,
+    reference_kernels: bool | None = None,
+) -> None:
+    """After strict loading: cast, optionally quantize, bind declarations, materialize."""
+    cast_floats(network, dtype)
+    if quantize is not None:
+        bits, group_size = quantize
+        for _, module in named_modules(network):
+            if isinstance(module, Linear | Embedding | ExpertLinear) and not module.quantized:
+                dims = module.input_dims if isinstance(module, Linear | ExpertLinear) else module.dims
+                if dims % group_size == 0:
+                    module.quantize_weights(bits=bits, group_size=group_size)
+    bind_layers(network, force_reference=reference_kernels)
+    evaluate(list(flat_parameters(network).values()))

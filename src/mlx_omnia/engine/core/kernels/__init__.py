@@ -1,6 +1,7 @@
-"""Specialized kernels, one package per operation: each binds to a declaration only where its
-`*_applies` predicate accepts every declared property, on the backend it was written for (CUDA
-here: `.cu`/`.cuh` sources compiled by MLX with NVRTC on first use; docs/kernels.md)."""
+"""Specialized kernels, one package per operation: each kernel is one object registered with the
+binding layer for a declaration type, and binds only where its predicate accepts every declared
+property, on the backend it was written for (CUDA here: `.cu`/`.cuh` sources compiled by MLX with
+NVRTC on first use; docs/kernels.md). This module holds what they share at launch time."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import mlx.core as mx
+
+from mlx_omnia.engine.core.binding import Declaration, Kernel
+from mlx_omnia.engine.core.mxcompat import evaluate
+
+D = TypeVar("D", bound=Declaration)
 
 
 def launch_counters(n: int) -> mx.array:
@@ -40,8 +46,6 @@ def launch_scratch(nbytes: int) -> mx.array:
     """float32 words (at least `nbytes`) a launch writes and reads back itself (an input, which
     costs less host time than an output). Inside a scratch_scope every caller shares the scope's
     one buffer, outside each gets its own (docs/kernels.md, "Launch scratch and counters")."""
-    from mlx_omnia.engine.core.mxcompat import evaluate
-
     words = max(-(-nbytes // 16) * 4, 4)
     holder = _SCOPE.get()
     if holder is not None and holder and holder[0].size >= words:
@@ -68,6 +72,13 @@ def own_scratch(nbytes: int) -> Callable[[], mx.array]:
 def cuda_backend() -> bool:
     """True when MLX runs on its CUDA backend (an NVIDIA GPU is the default device)."""
     return bool(mx.cuda.is_available()) and mx.default_device() == mx.gpu
+
+
+class CudaKernel(Kernel[D]):
+    """A kernel for MLX's CUDA backend: it applies where the process runs on CUDA and it fits."""
+
+    def applies(self, decl: D) -> bool:
+        return cuda_backend() and self.fits(decl)
 
 
 @cache

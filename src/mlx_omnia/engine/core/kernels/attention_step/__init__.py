@@ -6,37 +6,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
+from mlx_omnia.engine.core.binding import register
 from mlx_omnia.engine.core.cache import StaticKVCache
-from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters, launch_scratch
+from mlx_omnia.engine.core.kernels import CudaKernel, launch_counters, launch_scratch
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
     MAX_HEAD_SPLIT,
     AttentionStepSpec,
     launcher,
     partials_bytes,
+    project_attend_fits,
     project_attend_launcher,
     project_attend_scratch_bytes,
     spec_fits,
 )
-from mlx_omnia.engine.core.kernels.attention_step.cuda import (
-    project_attend_fits as project_attend_fits_specs,
-)
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
 from mlx_omnia.engine.core.kernels.qmv import matrix_inputs, projections_spec
 from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
+from mlx_omnia.engine.core.layers import AttentionStep, ProjectAttend, RmsNorm, Rope
 from mlx_omnia.engine.core.mxcompat import evaluate
-
-if TYPE_CHECKING:
-    from mlx_omnia.engine.core.layers import AttentionStep, ProjectAttend, RmsNorm
 
 
 def _plain_norm(norm: RmsNorm | None, dims: int) -> bool:
-    from mlx_omnia.engine.core.layers import RmsNorm
-
     return norm is None or (type(norm) is RmsNorm and norm.weight.shape == (dims,))
 
 
@@ -55,14 +50,8 @@ def attention_spec(decl: AttentionStep, dtype: mx.Dtype, capacity: int) -> Atten
     return split if spec_fits(split) else spec
 
 
-def attention_applies(decl: AttentionStep) -> bool:
-    return cuda_backend() and attention_fits(decl)
-
-
 def attention_fits(decl: AttentionStep) -> bool:
     """Every declared property is one the kernel computes (the backend aside)."""
-    from mlx_omnia.engine.core.layers import Rope
-
     rope = decl.rope
     return (
         decl.window is None
@@ -88,43 +77,52 @@ def inverse_frequencies(decl: AttentionStep) -> mx.array:
     return mx.array((rope.scale / periods).astype(np.float32))
 
 
-def attention_build(decl: AttentionStep) -> Callable[..., mx.array]:
-    reference = decl.reference_project()
-    inv_freq = inverse_frequencies(decl)
-    # The kernel's slice counters, one per kv head and head split: zero between launches (the
-    # last block of a kv head resets its own); owned by this binding, written in place.
-    counters = launch_counters(decl.n_kv_heads * MAX_HEAD_SPLIT)
-    evaluate(counters)
-    # the partials at any capacity, taken before any launch is traced (launch_scratch)
-    scratch = launch_scratch(partials_bytes(decl.n_heads, decl.head_dim))
-    calls: dict[
-        tuple[mx.Dtype, int, tuple[int, ...]],
-        Callable[..., tuple[mx.array, mx.array]],
-    ] = {}
+class AttentionStepKernel(CudaKernel[AttentionStep]):
+    """Head norms, rope, the cache append and the attention of one token, in one launch."""
 
-    def project(q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
-        if (
-            not isinstance(cache, StaticKVCache)
-            or q.shape[:2] != (1, 1)
-            or q.dtype not in CUDA_TYPES
-            or not (k.dtype == v.dtype == q.dtype == cache.state["keys"].dtype)
-            or (decl.q_norm is not None and decl.q_norm.weight.dtype != q.dtype)
-            or (decl.k_norm is not None and decl.k_norm.weight.dtype != q.dtype)
-        ):
-            return reference(q, k, v, cache)
-        key = (q.dtype, cache.capacity, q.shape[:-1])
-        run = calls.get(key)
-        if run is None:
-            spec = attention_spec(decl, q.dtype, cache.capacity)
-            if not spec_fits(spec):
+    name = "attention_step_cuda"
+    declaration = AttentionStep
+
+    def fits(self, decl: AttentionStep) -> bool:
+        return attention_fits(decl)
+
+    def build(self, decl: AttentionStep) -> Callable[..., mx.array]:
+        reference = decl.reference_project()
+        inv_freq = inverse_frequencies(decl)
+        # The kernel's slice counters, one per kv head and head split: zero between launches (the
+        # last block of a kv head resets its own); owned by this binding, written in place.
+        counters = launch_counters(decl.n_kv_heads * MAX_HEAD_SPLIT)
+        evaluate(counters)
+        # the partials at any capacity, taken before any launch is traced (launch_scratch)
+        scratch = launch_scratch(partials_bytes(decl.n_heads, decl.head_dim))
+        calls: dict[
+            tuple[mx.Dtype, int, tuple[int, ...]],
+            Callable[..., tuple[mx.array, mx.array]],
+        ] = {}
+
+        def project(q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
+            if (
+                not isinstance(cache, StaticKVCache)
+                or q.shape[:2] != (1, 1)
+                or q.dtype not in CUDA_TYPES
+                or not (k.dtype == v.dtype == q.dtype == cache.state["keys"].dtype)
+                or (decl.q_norm is not None and decl.q_norm.weight.dtype != q.dtype)
+                or (decl.k_norm is not None and decl.k_norm.weight.dtype != q.dtype)
+            ):
                 return reference(q, k, v, cache)
-            run = calls[key] = launcher(spec, key[2])
-        pos = cache.state["offset"]
-        out, following = run([q, k, v, *cache_inputs(decl, inv_freq, cache), counters], scratch)
-        cache.advance(pos, following)
-        return out
+            key = (q.dtype, cache.capacity, q.shape[:-1])
+            run = calls.get(key)
+            if run is None:
+                spec = attention_spec(decl, q.dtype, cache.capacity)
+                if not spec_fits(spec):
+                    return reference(q, k, v, cache)
+                run = calls[key] = launcher(spec, key[2])
+            pos = cache.state["offset"]
+            out, following = run([q, k, v, *cache_inputs(decl, inv_freq, cache), counters], scratch)
+            cache.advance(pos, following)
+            return out
 
-    return project
+        return project
 
 
 def cache_inputs(decl: AttentionStep, inv_freq: mx.array, cache: StaticKVCache) -> list[mx.array]:
@@ -134,88 +132,83 @@ def cache_inputs(decl: AttentionStep, inv_freq: mx.array, cache: StaticKVCache) 
     return [*norms, inv_freq, cache.state["keys"], cache.state["values"], cache.state["offset"]]
 
 
-def implementation() -> Any:
-    from mlx_omnia.engine.core.binding import Implementation
-
-    return Implementation("attention_step_cuda", attention_applies, attention_build)
-
-
 # -- ProjectAttend: the q/k/v projections and the attention in one launch --------------------
 def project_attend_qkv(decl: ProjectAttend) -> QmvSpec | None:
     """The q/k/v projections' qmv spec, when the qmv kernel computes them."""
     return projections_spec(decl.qkv)
 
 
-def project_attend_fits(decl: ProjectAttend) -> bool:
-    """Every declared property is one the kernel computes (the backend aside): each half alone,
-    the head norms in the activation dtype, and the pair in one launch at the smallest cache
-    (the capacity is checked again per call)."""
-    qkv = project_attend_qkv(decl)
-    if qkv is None or not attention_fits(decl.attention):
-        return False
-    norms = (decl.attention.q_norm, decl.attention.k_norm)
-    if any(n is not None and n.weight.dtype != qkv.dtype for n in norms):
-        return False
-    spec = attention_spec(decl.attention, qkv.dtype, StaticKVCache.step)
-    return project_attend_fits_specs(qkv, spec)
+class ProjectAttendKernel(CudaKernel[ProjectAttend]):
+    """The q/k/v projections of one token, then its attention step, in one launch."""
 
+    name = "project_attend_cuda"
+    declaration = ProjectAttend
+    chained = True
 
-def project_attend_applies(decl: ProjectAttend) -> bool:
-    return cuda_backend() and project_attend_fits(decl)
+    def fits(self, decl: ProjectAttend) -> bool:
+        """Every declared property is one the kernel computes (the backend aside): each half alone,
+        the head norms in the activation dtype, and the pair in one launch at the smallest cache
+        (the capacity is checked again per call)."""
+        qkv = project_attend_qkv(decl)
+        if qkv is None or not attention_fits(decl.attention):
+            return False
+        norms = (decl.attention.q_norm, decl.attention.k_norm)
+        if any(n is not None and n.weight.dtype != qkv.dtype for n in norms):
+            return False
+        spec = attention_spec(decl.attention, qkv.dtype, StaticKVCache.step)
+        return project_attend_fits(qkv, spec)
 
+    def build(self, decl: ProjectAttend) -> Callable[[mx.array, Any], mx.array]:
+        """One launch for one token on a StaticKVCache; anything else goes through the projections'
+        and the attention's own bindings."""
+        qkv = project_attend_qkv(decl)
+        assert qkv is not None
+        separate = decl.reference()
+        attention = decl.attention
+        inv_freq = inverse_frequencies(attention)
+        # Both counter arrays are written in place and left zero by each launch: owned here.
+        heads = launch_counters(attention.n_kv_heads * MAX_HEAD_SPLIT)
+        counters = launch_counters(3)
+        evaluate(heads, counters)
+        # q, k, v and the partials at any capacity, taken before any launch is traced
+        scratch = launch_scratch(project_attend_scratch_bytes(
+            attention.n_heads, attention.n_kv_heads, attention.head_dim))
+        calls: dict[
+            tuple[int, tuple[int, ...]], Callable[..., tuple[mx.array, mx.array]]
+        ] = {}
 
-def project_attend_build(decl: ProjectAttend) -> Callable[[mx.array, Any], mx.array]:
-    """One launch for one token on a StaticKVCache; anything else goes through the projections'
-    and the attention's own bindings."""
-    qkv = project_attend_qkv(decl)
-    assert qkv is not None
-    separate = decl.reference()
-    attention = decl.attention
-    inv_freq = inverse_frequencies(attention)
-    # Both counter arrays are written in place and left zero by each launch: owned here.
-    heads = launch_counters(attention.n_kv_heads * MAX_HEAD_SPLIT)
-    counters = launch_counters(3)
-    evaluate(heads, counters)
-    # q, k, v and the partials at any capacity, taken before any launch is traced
-    scratch = launch_scratch(project_attend_scratch_bytes(
-        attention.n_heads, attention.n_kv_heads, attention.head_dim))
-    calls: dict[
-        tuple[int, tuple[int, ...]], Callable[..., tuple[mx.array, mx.array]]
-    ] = {}
-
-    def run(x: mx.array, cache: Any) -> mx.array:
-        if (
-            not isinstance(cache, StaticKVCache)
-            or x.shape[:2] != (1, 1)
-            or x.size != qkv.k
-            or x.dtype != qkv.dtype
-            or cache.state["keys"].dtype != qkv.dtype
-            or cache.state["values"].dtype != qkv.dtype
-        ):
-            return separate(x, cache)
-        key = (cache.capacity, x.shape[:-1])
-        call = calls.get(key)
-        if call is None:
-            spec = attention_spec(attention, qkv.dtype, cache.capacity)
-            if not project_attend_fits_specs(qkv, spec):
+        def run(x: mx.array, cache: Any) -> mx.array:
+            if (
+                not isinstance(cache, StaticKVCache)
+                or x.shape[:2] != (1, 1)
+                or x.size != qkv.k
+                or x.dtype != qkv.dtype
+                or cache.state["keys"].dtype != qkv.dtype
+                or cache.state["values"].dtype != qkv.dtype
+            ):
                 return separate(x, cache)
-            call = calls[key] = project_attend_launcher(qkv, spec, key[1])
-        pos = cache.state["offset"]
-        inputs: list[mx.array] = [x]
-        for m in decl.qkv.matrices:
-            inputs += matrix_inputs(m)
-        if decl.qkv.norm is not None:
-            inputs.append(decl.qkv.norm.weight)
-        out, following = call([*inputs, *cache_inputs(attention, inv_freq, cache), heads, counters],
-                              scratch)
-        cache.advance(pos, following)
-        return out
+            key = (cache.capacity, x.shape[:-1])
+            call = calls.get(key)
+            if call is None:
+                spec = attention_spec(attention, qkv.dtype, cache.capacity)
+                if not project_attend_fits(qkv, spec):
+                    return separate(x, cache)
+                call = calls[key] = project_attend_launcher(qkv, spec, key[1])
+            pos = cache.state["offset"]
+            inputs: list[mx.array] = [x]
+            for m in decl.qkv.matrices:
+                inputs += matrix_inputs(m)
+            if decl.qkv.norm is not None:
+                inputs.append(decl.qkv.norm.weight)
+            out, following = call([*inputs, *cache_inputs(attention, inv_freq, cache), heads, counters],
+                                  scratch)
+            cache.advance(pos, following)
+            return out
 
-    return run
+        return run
 
 
-def project_attend_implementation() -> Any:
-    from mlx_omnia.engine.core.binding import Implementation
-
-    return Implementation("project_attend_cuda", project_attend_applies, project_attend_build,
-                          chained=True)
+ATTENTION_STEP = AttentionStepKernel()
+PROJECT_ATTEND = ProjectAttendKernel()
+register(ATTENTION_STEP)
+register(PROJECT_ATTEND)

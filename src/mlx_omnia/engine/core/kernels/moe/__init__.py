@@ -1,16 +1,16 @@
 """Mixture-of-experts kernels bound to Route, GateUp and DownCombine (and their chained pairs):
-a predicate accepts only what the kernels compute exactly (docs/kernels.md lists what they
-decline), and the bound calls run one token, handing anything else to the core."""
+each accepts only what it computes exactly (docs/kernels.md lists what they decline), and the
+bound calls run one token, handing anything else to the core."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters, launch_scratch
+from mlx_omnia.engine.core.binding import register
+from mlx_omnia.engine.core.kernels import CudaKernel, cuda_backend, launch_counters, launch_scratch
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
 from mlx_omnia.engine.core.kernels.moe.cuda import (
     MAX_TOP_K,
@@ -31,19 +31,18 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     routed_fits,
     routed_launcher,
 )
-from mlx_omnia.engine.core.kernels.qmv import matrix_inputs
+from mlx_omnia.engine.core.kernels.qmv import linear_spec, matrix_inputs, projections_spec
 from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec
+from mlx_omnia.engine.core.layers import RmsNorm
+from mlx_omnia.engine.core.moe import (
+    DownCombine,
+    ExpertLinear,
+    GateUp,
+    ProjectRoute,
+    Route,
+    RouteExperts,
+)
 from mlx_omnia.engine.core.mxcompat import evaluate
-
-if TYPE_CHECKING:
-    from mlx_omnia.engine.core.moe import (
-        DownCombine,
-        ExpertLinear,
-        GateUp,
-        ProjectRoute,
-        Route,
-        RouteExperts,
-    )
 
 
 def route_spec(decl: Route, dtype: mx.Dtype) -> RouteSpec:
@@ -51,21 +50,10 @@ def route_spec(decl: Route, dtype: mx.Dtype) -> RouteSpec:
                      topk_first=decl.order == "topk_softmax", normalize=decl.normalize)
 
 
-def route_fits_decl(decl: Route) -> bool:
-    """Every declared property is one the kernel computes (the backend aside)."""
-    return route_fits(route_spec(decl, mx.bfloat16))
-
-
-def route_applies(decl: Route) -> bool:
-    return cuda_backend() and route_fits_decl(decl)
-
-
 def routed_spec(decl: Route) -> tuple[RouteSpec, QmvSpec] | None:
     """(routing, router GEMV) for the one-launch router + routing, or None when the declared
     router is not one the kernel computes (a bias, a mixed format, Gemma's norm, over
     ROUTED_MAX_EXPERTS rows)."""
-    from mlx_omnia.engine.core.kernels.qmv import projections_spec
-
     if decl.router is None:
         return None
     router = projections_spec(decl.router)
@@ -75,29 +63,39 @@ def routed_spec(decl: Route) -> tuple[RouteSpec, QmvSpec] | None:
     return (spec, router) if routed_fits(spec, router) else None
 
 
-def route_build(decl: Route) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
-    reference_logits = decl.reference_logits()
+class RouteKernel(CudaKernel[Route]):
+    """Top-k routing of one row of logits (or of the declared router's logits of h: the router
+    GEMV and the routing) in one launch."""
 
-    def route(logits: mx.array) -> tuple[mx.array, mx.array]:
-        if logits.size != decl.n_experts or logits.dtype not in CUDA_TYPES:
-            return reference_logits(logits)
-        return route_launcher(route_spec(decl, logits.dtype), tuple(logits.shape[:-1]))(logits)
+    name = "route_cuda"
+    declaration = Route
 
-    router = decl.router
-    if router is None:
-        return route
-    fused = routed_spec(decl)
+    def fits(self, decl: Route) -> bool:
+        return route_fits(route_spec(decl, mx.bfloat16))
 
-    def routed(h: mx.array) -> tuple[mx.array, mx.array]:
-        if fused is not None and h.size == fused[1].k and h.dtype == fused[1].dtype:
-            inputs = [h, *matrix_inputs(router.matrices[0])]
-            if router.norm is not None:
-                inputs.append(router.norm.weight)
-            return routed_launcher(*fused, tuple(h.shape[:-1]))(inputs)
-        (logits,) = router(h)  # the router's own binding, then the routing kernel
-        return route(logits)
+    def build(self, decl: Route) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+        reference_logits = decl.reference_logits()
 
-    return routed
+        def route(logits: mx.array) -> tuple[mx.array, mx.array]:
+            if logits.size != decl.n_experts or logits.dtype not in CUDA_TYPES:
+                return reference_logits(logits)
+            return route_launcher(route_spec(decl, logits.dtype), tuple(logits.shape[:-1]))(logits)
+
+        router = decl.router
+        if router is None:
+            return route
+        fused = routed_spec(decl)
+
+        def routed(h: mx.array) -> tuple[mx.array, mx.array]:
+            if fused is not None and h.size == fused[1].k and h.dtype == fused[1].dtype:
+                inputs = [h, *matrix_inputs(router.matrices[0])]
+                if router.norm is not None:
+                    inputs.append(router.norm.weight)
+                return routed_launcher(*fused, tuple(h.shape[:-1]))(inputs)
+            (logits,) = router(h)  # the router's own binding, then the routing kernel
+            return route(logits)
+
+        return routed
 
 
 def expert_format(decl: ExpertLinear) -> tuple[mx.Dtype, int | None, int | None] | None:
@@ -113,9 +111,6 @@ def expert_format(decl: ExpertLinear) -> tuple[mx.Dtype, int | None, int | None]
 
 
 def experts_spec(decl: GateUp | DownCombine, top_k: int, *, residual: bool = False) -> ExpertsSpec | None:
-    from mlx_omnia.engine.core.layers import RmsNorm
-    from mlx_omnia.engine.core.moe import GateUp
-
     fmt = expert_format(decl)
     if fmt is None:
         return None
@@ -146,10 +141,6 @@ def experts_fits_decl(decl: GateUp | DownCombine) -> bool:
     return spec is not None and experts_fits(spec)
 
 
-def experts_applies(decl: GateUp | DownCombine) -> bool:
-    return cuda_backend() and experts_fits_decl(decl)
-
-
 def _weights(decl: ExpertLinear) -> list[mx.array]:
     return [decl.weight] if decl.bits is None else [decl.weight, decl.scales, decl.biases]
 
@@ -176,30 +167,49 @@ def _dtype(decl: ExpertLinear) -> mx.Dtype:
     return fmt[0]
 
 
-def gate_up_build(decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
-    reference = decl.reference()
-    dtype = _dtype(decl)
-    fitted = _fitted(decl)
+class ExpertsGateUp(CudaKernel[GateUp]):
+    """silu(x G[e].T) * (x U[e].T) for the selected experts of one token (after the declared
+    norm), in one launch."""
 
-    def gate_up(x: mx.array, ids: mx.array) -> mx.array:
-        top_k = ids.shape[-1] if ids.ndim else 0
-        spec = fitted(top_k, False)
-        if (
-            spec is None or x.size != decl.input_dims or ids.size != top_k
-            or x.dtype != dtype or ids.dtype != mx.uint32
-        ):
-            return reference(x, ids)
-        inputs = [x, ids, *_weights(decl)]
-        if decl.norm is not None:
-            inputs.append(decl.norm.weight)
-        return experts_launcher(spec, tuple(ids.shape[:-1]))(inputs)
+    name = "experts_cuda"
+    declaration = GateUp
 
-    return gate_up
+    def fits(self, decl: GateUp) -> bool:
+        return experts_fits_decl(decl)
+
+    def build(self, decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
+        reference = decl.reference()
+        dtype = _dtype(decl)
+        fitted = _fitted(decl)
+
+        def gate_up(x: mx.array, ids: mx.array) -> mx.array:
+            top_k = ids.shape[-1] if ids.ndim else 0
+            spec = fitted(top_k, False)
+            if (
+                spec is None or x.size != decl.input_dims or ids.size != top_k
+                or x.dtype != dtype or ids.dtype != mx.uint32
+            ):
+                return reference(x, ids)
+            inputs = [x, ids, *_weights(decl)]
+            if decl.norm is not None:
+                inputs.append(decl.norm.weight)
+            return experts_launcher(spec, tuple(ids.shape[:-1]))(inputs)
+
+        return gate_up
 
 
-def down_combine_build(decl: DownCombine) -> Callable[..., mx.array]:
-    """The down kernel; with a declared gate_up, that declaration's own binding runs first."""
-    return decl.after_gate_up(_down_combine(decl))
+class ExpertsDown(CudaKernel[DownCombine]):
+    """The selected experts' down projections of one token, weighted and summed (+ residual), in
+    one launch; a declared gate/up runs first on its own binding."""
+
+    name = "experts_cuda"
+    declaration = DownCombine
+
+    def fits(self, decl: DownCombine) -> bool:
+        return experts_fits_decl(decl)
+
+    def build(self, decl: DownCombine) -> Callable[..., mx.array]:
+        return decl.after_gate_up(_down_combine(decl))
 
 
 def _down_combine(decl: DownCombine) -> Callable[..., mx.array]:
@@ -241,63 +251,63 @@ def chain_specs(decl: DownCombine, top_k: int, *, residual: bool = False
     return up, down
 
 
-def chain_fits_decl(decl: DownCombine) -> bool:
-    """The declared gate_up and down are a pair chain_launcher computes (the backend aside; the
-    number of selected experts is Route's, checked per call)."""
-    return chain_specs(decl, 1) is not None
+class ExpertsChain(CudaKernel[DownCombine]):
+    """A DownCombine's declared gate/up, then its down projections, in one launch."""
 
+    name = "experts_chain_cuda"
+    declaration = DownCombine
+    chained = True
 
-def chain_applies(decl: DownCombine) -> bool:
-    return cuda_backend() and chain_fits_decl(decl)
+    def fits(self, decl: DownCombine) -> bool:
+        """The declared gate_up and down are a pair the chain computes (the number of selected
+        experts is Route's, checked per call)."""
+        return chain_specs(decl, 1) is not None
 
+    def build(self, decl: DownCombine) -> Callable[..., mx.array]:
+        """Gate/up and down in one launch for one token; anything else goes through the gate_up
+        declaration's binding and the down kernel (or the core)."""
+        gate_up = decl.gate_up
+        assert gate_up is not None
+        separate = decl.after_gate_up(_down_combine(decl))
+        dtype = _dtype(decl)
+        specs: dict[tuple[int, bool], tuple[ExpertsSpec, ExpertsSpec] | None] = {}
+        # the chained launch's tickets and counts, zero between launches (the last block zeroes them);
+        # written in place, so owned here: one array per declaration
+        counters = launch_counters(3)
+        evaluate(counters)
+        # the intermediate rows at the most selected experts, before any launch is traced
+        scratch = launch_scratch(MAX_TOP_K * gate_up.hidden_dims * 4)
 
-def chain_build(decl: DownCombine) -> Callable[..., mx.array]:
-    """Gate/up and down in one launch for one token; anything else goes through the gate_up
-    declaration's binding and the down kernel (or the core)."""
-    gate_up = decl.gate_up
-    assert gate_up is not None
-    separate = down_combine_build(decl)
-    dtype = _dtype(decl)
-    specs: dict[tuple[int, bool], tuple[ExpertsSpec, ExpertsSpec] | None] = {}
-    # the chained launch's tickets and counts, zero between launches (the last block zeroes them);
-    # written in place, so owned here: one array per declaration
-    counters = launch_counters(3)
-    evaluate(counters)
-    # the intermediate rows at the most selected experts, before any launch is traced
-    scratch = launch_scratch(MAX_TOP_K * gate_up.hidden_dims * 4)
+        def chained(
+            x: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
+        ) -> mx.array:
+            top_k = ids.shape[-1] if ids.ndim else 0
+            key = (top_k, residual is not None)
+            if key not in specs:
+                specs[key] = chain_specs(decl, top_k, residual=residual is not None)
+            pair = specs[key]
+            if (
+                pair is None or x.size != gate_up.input_dims or ids.size != top_k
+                or weights.size != top_k or x.dtype != dtype or weights.dtype != dtype
+                or ids.dtype != mx.uint32
+                or (residual is not None
+                    and (residual.dtype != dtype or residual.size != decl.output_dims))
+            ):
+                return separate(x, ids, weights, residual)
+            inputs = [x, ids, weights, *_weights(gate_up), *_weights(decl)]
+            if gate_up.norm is not None:
+                inputs.append(gate_up.norm.weight)
+            if residual is not None:
+                inputs.append(residual)
+            inputs.append(counters)
+            return chain_launcher(*pair, tuple(x.shape[:-1]))(inputs, scratch)
 
-    def chained(
-        x: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
-    ) -> mx.array:
-        top_k = ids.shape[-1] if ids.ndim else 0
-        key = (top_k, residual is not None)
-        if key not in specs:
-            specs[key] = chain_specs(decl, top_k, residual=residual is not None)
-        pair = specs[key]
-        if (
-            pair is None or x.size != gate_up.input_dims or ids.size != top_k
-            or weights.size != top_k or x.dtype != dtype or weights.dtype != dtype
-            or ids.dtype != mx.uint32
-            or (residual is not None
-                and (residual.dtype != dtype or residual.size != decl.output_dims))
-        ):
-            return separate(x, ids, weights, residual)
-        inputs = [x, ids, weights, *_weights(gate_up), *_weights(decl)]
-        if gate_up.norm is not None:
-            inputs.append(gate_up.norm.weight)
-        if residual is not None:
-            inputs.append(residual)
-        inputs.append(counters)
-        return chain_launcher(*pair, tuple(x.shape[:-1]))(inputs, scratch)
-
-    return chained
+        return chained
 
 
 def project_route_specs(decl: ProjectRoute) -> tuple[QmvSpec, RouteSpec, QmvSpec] | None:
     """(projection with residual, routing, router) of the one-launch pair, or None where the
     kernel does not compute the declared pair exactly."""
-    from mlx_omnia.engine.core.kernels.qmv import linear_spec
-
     project = linear_spec(decl.project, residual=True)
     routed = routed_spec(decl.route)
     if project is None or routed is None or not project_route_fits(project, *routed):
@@ -305,45 +315,47 @@ def project_route_specs(decl: ProjectRoute) -> tuple[QmvSpec, RouteSpec, QmvSpec
     return project, *routed
 
 
-def project_route_fits_decl(decl: ProjectRoute) -> bool:
-    """Every declared property is one the kernel computes (the backend aside)."""
-    return project_route_specs(decl) is not None
+class ProjectRouteKernel(CudaKernel[ProjectRoute]):
+    """A projection with its residual, then the router and the routing of the sum, in one
+    launch."""
 
+    name = "project_route_cuda"
+    declaration = ProjectRoute
+    chained = True
 
-def project_route_applies(decl: ProjectRoute) -> bool:
-    return cuda_backend() and project_route_fits_decl(decl)
+    def fits(self, decl: ProjectRoute) -> bool:
+        return project_route_specs(decl) is not None
 
+    def build(
+        self, decl: ProjectRoute,
+    ) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]]:
+        """The projection, the router and the routing in one launch for one token; anything else
+        goes through the projection's and the route's own bindings."""
+        specs = project_route_specs(decl)
+        router = decl.route.router
+        assert specs is not None and router is not None
+        project, width = specs[0], specs[2].k
+        separate = decl.reference()
+        # the launch's tickets and counts (the chain's three and the router blocks' one), zero
+        # between launches (their last blocks zero them); written in place, so owned here: one
+        # array per declaration
+        counters = launch_counters(4)
+        evaluate(counters)
+        scratch = launch_scratch(specs[1].n_experts * 4)  # the router logits, taken before tracing
 
-def project_route_build(
-    decl: ProjectRoute,
-) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]]:
-    """The projection, the router and the routing in one launch for one token; anything else
-    goes through the projection's and the route's own bindings."""
-    specs = project_route_specs(decl)
-    router = decl.route.router
-    assert specs is not None and router is not None
-    project, width = specs[0], specs[2].k
-    separate = decl.reference()
-    # the launch's tickets and counts (the chain's three and the router blocks' one), zero
-    # between launches (their last blocks zero them); written in place, so owned here: one
-    # array per declaration
-    counters = launch_counters(4)
-    evaluate(counters)
-    scratch = launch_scratch(specs[1].n_experts * 4)  # the router logits, taken before tracing
+        def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            if (
+                a.size != project.k or a.dtype != project.dtype
+                or residual.dtype != project.dtype or residual.shape != (*a.shape[:-1], width)
+            ):
+                return separate(a, residual)
+            inputs = [a, *matrix_inputs(decl.project), residual, *matrix_inputs(router.matrices[0])]
+            if router.norm is not None:
+                inputs.append(router.norm.weight)
+            inputs.append(counters)
+            return project_route_launcher(*specs, tuple(a.shape[:-1]))(inputs, scratch)
 
-    def project_route(a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        if (
-            a.size != project.k or a.dtype != project.dtype
-            or residual.dtype != project.dtype or residual.shape != (*a.shape[:-1], width)
-        ):
-            return separate(a, residual)
-        inputs = [a, *matrix_inputs(decl.project), residual, *matrix_inputs(router.matrices[0])]
-        if router.norm is not None:
-            inputs.append(router.norm.weight)
-        inputs.append(counters)
-        return project_route_launcher(*specs, tuple(a.shape[:-1]))(inputs, scratch)
-
-    return project_route
+        return project_route
 
 
 # OMNIA_ROUTE_EXPERTS=0 leaves RouteExperts' one launch out (the pair's two launches run), for
@@ -373,60 +385,56 @@ def route_experts_specs(
     return (project, *pair[1:], *chain)
 
 
-def route_experts_fits_decl(decl: RouteExperts) -> bool:
-    """Every declared property is one the kernel computes (the backend aside)."""
-    return route_experts_specs(decl) is not None
+class RouteExpertsKernel(CudaKernel[RouteExperts]):
+    """A sparse block after the attention (projection, router, routing, expert gate/up and
+    down) in one launch; OMNIA_ROUTE_EXPERTS=0 leaves it out."""
+
+    name = "route_experts_cuda"
+    declaration = RouteExperts
+    chained = True
+
+    def fits(self, decl: RouteExperts) -> bool:
+        return route_experts_specs(decl) is not None
+
+    def applies(self, decl: RouteExperts) -> bool:
+        return (cuda_backend() and os.environ.get(ROUTE_EXPERTS_ENV, "") != "0"
+                and self.fits(decl))
+
+    def build(self, decl: RouteExperts) -> Callable[[mx.array, mx.array], mx.array]:
+        """The sparse block after the attention in one launch for one token; anything else goes
+        through the pair's declarations (and their bindings)."""
+        specs = route_experts_specs(decl)
+        assert specs is not None
+        project, route, gate_up = specs[0], decl.project_route.route, decl.experts.gate_up
+        router = route.router
+        assert router is not None and router.norm is not None and gate_up is not None
+        width, norm_weight = specs[2].k, router.norm.weight
+        separate = decl.reference()
+        # the launch's tickets and counts (six), zero between launches (its last block zeroes
+        # them); written in place, so owned here
+        counters = launch_counters(6)
+        evaluate(counters)
+        scratch = launch_scratch(route_experts_scratch(specs[1], specs[3], specs[4])[-1])
+
+        def run(a: mx.array, residual: mx.array) -> mx.array:
+            if (
+                a.size != project.k or a.dtype != project.dtype
+                or residual.dtype != project.dtype or residual.shape != (*a.shape[:-1], width)
+            ):
+                return separate(a, residual)
+            inputs = [a, *matrix_inputs(decl.project_route.project), residual,
+                      *matrix_inputs(router.matrices[0]), norm_weight, *_weights(gate_up),
+                      *_weights(decl.experts), counters]
+            return route_experts_launcher(*specs, tuple(a.shape[:-1]))(inputs, scratch)
+
+        return run
 
 
-def route_experts_applies(decl: RouteExperts) -> bool:
-    return (cuda_backend() and os.environ.get(ROUTE_EXPERTS_ENV, "") != "0"
-            and route_experts_fits_decl(decl))
-
-
-def route_experts_build(decl: RouteExperts) -> Callable[[mx.array, mx.array], mx.array]:
-    """The sparse block after the attention in one launch for one token; anything else goes
-    through the pair's declarations (and their bindings)."""
-    specs = route_experts_specs(decl)
-    assert specs is not None
-    project, route, gate_up = specs[0], decl.project_route.route, decl.experts.gate_up
-    router = route.router
-    assert router is not None and router.norm is not None and gate_up is not None
-    width, norm_weight = specs[2].k, router.norm.weight
-    separate = decl.reference()
-    # the launch's tickets and counts (six), zero between launches (its last block zeroes
-    # them); written in place, so owned here
-    counters = launch_counters(6)
-    evaluate(counters)
-    scratch = launch_scratch(route_experts_scratch(specs[1], specs[3], specs[4])[-1])
-
-    def run(a: mx.array, residual: mx.array) -> mx.array:
-        if (
-            a.size != project.k or a.dtype != project.dtype
-            or residual.dtype != project.dtype or residual.shape != (*a.shape[:-1], width)
-        ):
-            return separate(a, residual)
-        inputs = [a, *matrix_inputs(decl.project_route.project), residual,
-                  *matrix_inputs(router.matrices[0]), norm_weight, *_weights(gate_up),
-                  *_weights(decl.experts), counters]
-        return route_experts_launcher(*specs, tuple(a.shape[:-1]))(inputs, scratch)
-
-    return run
-
-
-def implementations() -> tuple[Any, Any, tuple[Any, Any], tuple[Any], tuple[Any]]:
-    """(Implementation for Route, for GateUp, for DownCombine (the chain first), for
-    ProjectRoute, for RouteExperts)."""
-    from mlx_omnia.engine.core.binding import Implementation
-
-    return (
-        Implementation("route_cuda", route_applies, route_build),
-        Implementation("experts_cuda", experts_applies, gate_up_build),
-        (
-            Implementation("experts_chain_cuda", chain_applies, chain_build, chained=True),
-            Implementation("experts_cuda", experts_applies, down_combine_build),
-        ),
-        (Implementation("project_route_cuda", project_route_applies, project_route_build,
-                        chained=True),),
-        (Implementation("route_experts_cuda", route_experts_applies, route_experts_build,
-                        chained=True),),
-    )
+ROUTE = RouteKernel()
+EXPERTS_GATE_UP = ExpertsGateUp()
+EXPERTS_CHAIN = ExpertsChain()  # before EXPERTS_DOWN: DownCombine tries the chain first
+EXPERTS_DOWN = ExpertsDown()
+PROJECT_ROUTE = ProjectRouteKernel()
+ROUTE_EXPERTS = RouteExpertsKernel()
+for _kernel in (ROUTE, EXPERTS_GATE_UP, EXPERTS_CHAIN, EXPERTS_DOWN, PROJECT_ROUTE, ROUTE_EXPERTS):
+    register(_kernel)

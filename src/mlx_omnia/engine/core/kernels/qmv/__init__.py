@@ -1,15 +1,15 @@
-"""Qmv kernels bound to Linear and Projections declarations: a predicate accepts a declaration
-only where the kernel computes exactly what it declares (docs/kernels.md lists what it declines),
-and the bound call runs one activation row, handing anything else to the core."""
+"""Qmv kernels bound to Linear, Projections and ChainedProjections declarations: each accepts a
+declaration only where it computes exactly what it declares (docs/kernels.md lists what it
+declines), and the bound call runs one activation row, handing anything else to the core."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.kernels import cuda_backend, launch_counters
+from mlx_omnia.engine.core.binding import register
+from mlx_omnia.engine.core.kernels import CudaKernel, launch_counters
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     QmvSpec,
     chained_fits,
@@ -17,10 +17,14 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import (
     launcher,
     spec_fits,
 )
+from mlx_omnia.engine.core.layers import (
+    ChainedProjections,
+    Embedding,
+    Linear,
+    Projections,
+    RmsNorm,
+)
 from mlx_omnia.engine.core.mxcompat import evaluate
-
-if TYPE_CHECKING:
-    from mlx_omnia.engine.core.layers import ChainedProjections, Embedding, Linear, Projections
 
 
 def matrix_format(m: Linear | Embedding) -> tuple[mx.Dtype, int | None, int | None] | None:
@@ -37,8 +41,6 @@ def matrix_format(m: Linear | Embedding) -> tuple[mx.Dtype, int | None, int | No
 
 def _shape(m: Linear | Embedding) -> tuple[int, int]:
     """(input features, output rows)."""
-    from mlx_omnia.engine.core.layers import Linear
-
     if isinstance(m, Linear):
         return m.input_dims, m.output_dims
     return m.dims, m.num_embeddings
@@ -58,47 +60,45 @@ def linear_spec(decl: Linear, *, residual: bool) -> QmvSpec | None:
     return QmvSpec(dtype=dtype, k=k, rows=(n,), bits=bits, group_size=group, residual=residual)
 
 
-def linear_fits(decl: Linear) -> bool:
-    """Every declared property is one the kernel computes (the backend aside)."""
-    spec = linear_spec(decl, residual=True)
-    return spec is not None and spec_fits(spec)
-
-
-def linear_applies(decl: Linear) -> bool:
-    return cuda_backend() and linear_fits(decl)
-
-
 def _single_row(x: mx.array, k: int, dtype: mx.Dtype) -> bool:
     return x.size == k and x.dtype == dtype
 
 
-def linear_build(decl: Linear) -> Callable[..., mx.array]:
-    plain, fused = linear_spec(decl, residual=False), linear_spec(decl, residual=True)
-    assert plain is not None and fused is not None
-    reference = decl.reference()
-    calls: dict[tuple[tuple[int, ...], bool], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
+class QmvLinear(CudaKernel[Linear]):
+    """y = W x (+ residual) for one row, in one launch."""
 
-    def call(x: mx.array, residual: mx.array | None = None) -> mx.array:
-        if not _single_row(x, plain.k, plain.dtype) or (
-            residual is not None
-            and (residual.dtype != plain.dtype or residual.shape != (*x.shape[:-1], plain.rows[0]))
-        ):
-            return reference(x, residual)
-        key = (x.shape[:-1], residual is not None)
-        run = calls.get(key)
-        if run is None:
-            run = calls[key] = launcher(fused if residual is not None else plain, key[0])
-        inputs = [x, *matrix_inputs(decl)]
-        if residual is not None:
-            inputs.append(residual)
-        return run(inputs)[0]
+    name = "qmv_cuda"
+    declaration = Linear
 
-    return call
+    def fits(self, decl: Linear) -> bool:
+        spec = linear_spec(decl, residual=True)
+        return spec is not None and spec_fits(spec)
+
+    def build(self, decl: Linear) -> Callable[..., mx.array]:
+        plain, fused = linear_spec(decl, residual=False), linear_spec(decl, residual=True)
+        assert plain is not None and fused is not None
+        reference = decl.reference()
+        calls: dict[tuple[tuple[int, ...], bool], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
+
+        def call(x: mx.array, residual: mx.array | None = None) -> mx.array:
+            if not _single_row(x, plain.k, plain.dtype) or (
+                residual is not None
+                and (residual.dtype != plain.dtype or residual.shape != (*x.shape[:-1], plain.rows[0]))
+            ):
+                return reference(x, residual)
+            key = (x.shape[:-1], residual is not None)
+            run = calls.get(key)
+            if run is None:
+                run = calls[key] = launcher(fused if residual is not None else plain, key[0])
+            inputs = [x, *matrix_inputs(decl)]
+            if residual is not None:
+                inputs.append(residual)
+            return run(inputs)[0]
+
+        return call
 
 
 def projections_spec(decl: Projections) -> QmvSpec | None:
-    from mlx_omnia.engine.core.layers import RmsNorm
-
     fmts = {matrix_format(m) for m in decl.matrices}
     if len(fmts) != 1 or None in fmts:
         return None
@@ -117,37 +117,38 @@ def projections_spec(decl: Projections) -> QmvSpec | None:
     )
 
 
-def projections_fits(decl: Projections) -> bool:
-    """Every declared property is one the kernel computes (the backend aside)."""
-    spec = projections_spec(decl)
-    return spec is not None and spec_fits(spec)
+class QmvProjections(CudaKernel[Projections]):
+    """Up to three projections of one row (after an optional RMS norm, optionally gated) in one
+    launch."""
 
+    name = "qmv_cuda"
+    declaration = Projections
 
-def projections_applies(decl: Projections) -> bool:
-    return cuda_backend() and projections_fits(decl)
+    def fits(self, decl: Projections) -> bool:
+        spec = projections_spec(decl)
+        return spec is not None and spec_fits(spec)
 
+    def build(self, decl: Projections) -> Callable[[mx.array], tuple[mx.array, ...]]:
+        spec = projections_spec(decl)
+        assert spec is not None
+        reference = decl.reference()
+        calls: dict[tuple[int, ...], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
 
-def projections_build(decl: Projections) -> Callable[[mx.array], tuple[mx.array, ...]]:
-    spec = projections_spec(decl)
-    assert spec is not None
-    reference = decl.reference()
-    calls: dict[tuple[int, ...], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
+        def call(x: mx.array) -> tuple[mx.array, ...]:
+            if not _single_row(x, spec.k, spec.dtype):
+                return reference(x)
+            lead = x.shape[:-1]
+            run = calls.get(lead)
+            if run is None:
+                run = calls[lead] = launcher(spec, lead)
+            inputs: list[mx.array] = [x]
+            for m in decl.matrices:
+                inputs += matrix_inputs(m)
+            if decl.norm is not None:
+                inputs.append(decl.norm.weight)
+            return tuple(run(inputs))
 
-    def call(x: mx.array) -> tuple[mx.array, ...]:
-        if not _single_row(x, spec.k, spec.dtype):
-            return reference(x)
-        lead = x.shape[:-1]
-        run = calls.get(lead)
-        if run is None:
-            run = calls[lead] = launcher(spec, lead)
-        inputs: list[mx.array] = [x]
-        for m in decl.matrices:
-            inputs += matrix_inputs(m)
-        if decl.norm is not None:
-            inputs.append(decl.norm.weight)
-        return tuple(run(inputs))
-
-    return call
+        return call
 
 
 def chained_specs(decl: ChainedProjections) -> tuple[QmvSpec, QmvSpec] | None:
@@ -160,50 +161,49 @@ def chained_specs(decl: ChainedProjections) -> tuple[QmvSpec, QmvSpec] | None:
     return project, then
 
 
-def chained_fits_decl(decl: ChainedProjections) -> bool:
-    """Every declared property is one the kernel computes (the backend aside)."""
-    return chained_specs(decl) is not None
+class ChainedQmv(CudaKernel[ChainedProjections]):
+    """A projection with its residual, then the projections of the sum, in one launch."""
+
+    name = "chained_qmv_cuda"
+    declaration = ChainedProjections
+    chained = True
+
+    def fits(self, decl: ChainedProjections) -> bool:
+        return chained_specs(decl) is not None
+
+    def build(
+        self, decl: ChainedProjections
+    ) -> Callable[[mx.array, mx.array], tuple[mx.array, ...]]:
+        """Both in one launch for one token; anything else goes through the projection's and the
+        projections' own bindings."""
+        specs = chained_specs(decl)
+        assert specs is not None
+        project, then = specs
+        separate = decl.reference()
+        # the launch's tickets and counts, zero between launches (its last block zeroes them);
+        # written in place, so owned here: one array per declaration
+        counters = launch_counters(3)
+        evaluate(counters)
+
+        def chained(a: mx.array, residual: mx.array) -> tuple[mx.array, ...]:
+            if (
+                not _single_row(a, project.k, project.dtype) or residual.dtype != project.dtype
+                or residual.shape != (*a.shape[:-1], then.k)
+            ):
+                return separate(a, residual)
+            inputs = [a, *matrix_inputs(decl.project), residual]
+            for m in decl.then.matrices:
+                inputs += matrix_inputs(m)
+            if decl.then.norm is not None:
+                inputs.append(decl.then.norm.weight)
+            inputs.append(counters)
+            return tuple(chained_launcher(project, then, tuple(a.shape[:-1]))(inputs))
+
+        return chained
 
 
-def chained_applies(decl: ChainedProjections) -> bool:
-    return cuda_backend() and chained_fits_decl(decl)
-
-
-def chained_build(decl: ChainedProjections) -> Callable[[mx.array, mx.array], tuple[mx.array, ...]]:
-    """Both in one launch for one token; anything else goes through the projection's and the
-    projections' own bindings."""
-    specs = chained_specs(decl)
-    assert specs is not None
-    project, then = specs
-    separate = decl.reference()
-    # the launch's tickets and counts, zero between launches (its last block zeroes them);
-    # written in place, so owned here: one array per declaration
-    counters = launch_counters(3)
-    evaluate(counters)
-
-    def chained(a: mx.array, residual: mx.array) -> tuple[mx.array, ...]:
-        if (
-            not _single_row(a, project.k, project.dtype) or residual.dtype != project.dtype
-            or residual.shape != (*a.shape[:-1], then.k)
-        ):
-            return separate(a, residual)
-        inputs = [a, *matrix_inputs(decl.project), residual]
-        for m in decl.then.matrices:
-            inputs += matrix_inputs(m)
-        if decl.then.norm is not None:
-            inputs.append(decl.then.norm.weight)
-        inputs.append(counters)
-        return tuple(chained_launcher(project, then, tuple(a.shape[:-1]))(inputs))
-
-    return chained
-
-
-def implementations() -> tuple[Any, Any, Any]:
-    """(Implementation for Linear, for Projections, for ChainedProjections)."""
-    from mlx_omnia.engine.core.binding import Implementation
-
-    return (
-        Implementation("qmv_cuda", linear_applies, linear_build),
-        Implementation("qmv_cuda", projections_applies, projections_build),
-        Implementation("chained_qmv_cuda", chained_applies, chained_build, chained=True),
-    )
+QMV_LINEAR = QmvLinear()
+QMV_PROJECTIONS = QmvProjections()
+CHAINED_QMV = ChainedQmv()
+for _kernel in (QMV_LINEAR, QMV_PROJECTIONS, CHAINED_QMV):
+    register(_kernel)
