@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import uvicorn
@@ -53,8 +54,19 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(settings: Settings | None = None, manager: ModelManager | None = None) -> Iterator[LiveServer]:
-    server = LiveServer(settings or Settings(), manager).start()
+def live_server(
+    settings: Settings | None = None,
+    manager: ModelManager | None = None,
+    *,
+    models: Sequence[Path] = (),
+) -> Iterator[LiveServer]:
+    """A started server; `models`: local checkpoints it serves under their directory names."""
+    settings = settings or Settings()
+    if models:
+        manager = manager or ModelManager(settings)
+        for path in models:
+            manager.add_alias(path)
+    server = LiveServer(settings, manager).start()
     try:
         yield server
     finally:

@@ -14,6 +14,7 @@ Kind = Literal[
     "rate_limit",  # 429 (queue full)
     "overloaded",  # 503/529
     "internal",  # 500
+    "client_closed",  # 499: the client left before its answer (never seen by it; logs, metrics)
 ]
 
 STATUS: dict[Kind, int] = {
@@ -25,6 +26,7 @@ STATUS: dict[Kind, int] = {
     "rate_limit": 429,
     "overloaded": 503,
     "internal": 500,
+    "client_closed": 499,
 }
 
 

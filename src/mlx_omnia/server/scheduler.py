@@ -1,6 +1,6 @@
 """The generation queue: one engine thread runs jobs FIFO per model, round-robin across models,
-handing pieces to the asyncio side as they come; a full queue refuses, a cancelled job stops at
-the next token."""
+handing pieces to the asyncio side as they come; a full queue refuses. A cancelled job leaves the
+queue at once; a running one stops before its prefill or at its next token."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.manager import ModelManager
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: found in its queue by identity
 class Job:
     model_id: str
     input: Chat | str
@@ -78,6 +78,15 @@ class Scheduler:
             self._queues.setdefault(job.model_id, deque()).append(job)
             self._cv.notify()
 
+    def cancel(self, job: Job) -> None:
+        """Stop `job`: out of the queue if it waits there (its place is free again), else at the
+        running job's next check."""
+        job.cancelled.set()
+        with self._cv:
+            queue = self._queues.get(job.model_id)
+            if queue is not None and job in queue:
+                queue.remove(job)
+
     def stop(self) -> None:
         with self._cv:
             self._stopping = True
@@ -95,7 +104,7 @@ class Scheduler:
                     raise item
                 yield item
         finally:
-            job.cancelled.set()
+            self.cancel(job)
 
     async def run(self, job: Job) -> list[Piece]:
         return [piece async for piece in self.stream(job)]
@@ -163,7 +172,9 @@ class Scheduler:
     def _run(self, job: Job) -> None:
         res = self.manager.get(job.model_id)
         try:
-            pieces = res.model.stream(job.input, job.options)
+            pieces = res.model.stream(job.input, job.options)  # tokenizes; prefill comes next
+            if job.cancelled.is_set():
+                return
             for piece in pieces:
                 if job.first_token_at is None:
                     job.first_token_at = time.monotonic()

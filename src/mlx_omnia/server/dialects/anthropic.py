@@ -231,7 +231,7 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
     mid = new_id("msg_")
     headers = {"request-id": new_id("req_")}
     if not body.stream:
-        answer = await generation.run(state)
+        answer = await generation.run(request)
         stop, stop_sequence = stop_of(answer.last)
         return JSONResponse(
             _message(
@@ -245,7 +245,7 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
             headers=headers,
         )
 
-    stream = await generation.stream(state)
+    stream = await generation.stream(request)
     first = stream.first
     if first is None:
         raise ApiError("internal", "generation produced no output")

@@ -31,6 +31,7 @@ OPENAI_TYPES: dict[Kind, str] = {
     "rate_limit": "rate_limit_error",
     "overloaded": "overloaded_error",
     "internal": "server_error",
+    "client_closed": "invalid_request_error",
 }
 ANTHROPIC_TYPES: dict[Kind, str] = {
     "invalid_request": "invalid_request_error",
@@ -41,6 +42,7 @@ ANTHROPIC_TYPES: dict[Kind, str] = {
     "rate_limit": "rate_limit_error",
     "overloaded": "overloaded_error",
     "internal": "api_error",
+    "client_closed": "invalid_request_error",
 }
 GEMINI_STATUS: dict[Kind, str] = {
     "invalid_request": "INVALID_ARGUMENT",
@@ -51,6 +53,7 @@ GEMINI_STATUS: dict[Kind, str] = {
     "rate_limit": "RESOURCE_EXHAUSTED",
     "overloaded": "UNAVAILABLE",
     "internal": "INTERNAL",
+    "client_closed": "CANCELLED",
 }
 
 

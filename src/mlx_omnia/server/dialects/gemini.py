@@ -415,7 +415,7 @@ async def model_method(request: Request, rest: str) -> JSONResponse | StreamingR
     wants = generation.options.logprobs is not None
     rid = uuid.uuid4().hex
     if method == "generateContent":
-        answer = await generation.run(state)
+        answer = await generation.run(request)
         return JSONResponse(_response(
             answer.text, answer.last.finish_reason,
             _usage(answer.usage.prompt_tokens, answer.usage.completion_tokens), model_id, rid,
@@ -424,7 +424,7 @@ async def model_method(request: Request, rest: str) -> JSONResponse | StreamingR
     alt = request.query_params.get("alt", "json")
     if alt not in ("sse", "json"):
         raise _bad(f"alt={alt!r} is not supported (use 'sse' or 'json')", "alt")
-    stream = await generation.stream(state)
+    stream = await generation.stream(request)
     framing: Literal["sse", "json"] = "sse" if alt == "sse" else "json"
     return StreamingResponse(
         _events(stream, model_id, rid, framing, wants),

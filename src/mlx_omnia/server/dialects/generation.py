@@ -1,13 +1,17 @@
 """What every dialect does to generate: gather a request's options under the names it sent them,
 check them in one place (the engine's option specs under the API's own limits), start a stream
-before answering so that errors come with a status, and say engine errors in the client's names."""
+before answering so that errors come with a status, stop as soon as the client leaves, and say
+engine errors in the client's names."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
+
+from fastapi import Request
 
 from mlx_omnia import (
     Bounds,
@@ -23,7 +27,9 @@ from mlx_omnia import (
 )
 from mlx_omnia.server.dialects.errors import from_engine
 from mlx_omnia.server.errors import ApiError
-from mlx_omnia.server.state import ServerState
+from mlx_omnia.server.state import state_of
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -83,10 +89,12 @@ class Generation:
             return from_engine(error, self.input_field, self.names)
         return ApiError("internal", f"generation failed: {error}")
 
-    async def run(self, state: ServerState) -> Answer:
-        """Generate to the end."""
+    async def run(self, request: Request) -> Answer:
+        """Generate to the end, or until the client leaves."""
+        state = state_of(request)
+        job = state.job(self.model_id, self.input, self.options)
         try:
-            pieces = await state.scheduler.run(state.job(self.model_id, self.input, self.options))
+            pieces = await unless_gone(request, state.scheduler.run(job))
         except Exception as e:
             raise self.error(e) from e
         last = pieces[-1]
@@ -95,17 +103,43 @@ class Generation:
         text = "".join(p.text for p in pieces)
         return Answer(text, tuple(e for p in pieces for e in p.logprobs), last, last.usage)
 
-    async def stream(self, state: ServerState) -> Stream:
+    async def stream(self, request: Request) -> Stream:
         """Start generating and wait for the first piece, so that model, input and option errors
-        answer with a status instead of a broken stream."""
+        answer with a status instead of a broken stream (a client that leaves while it waits in
+        the queue or its prompt is read ends it there)."""
+        state = state_of(request)
         pieces = state.scheduler.stream(state.job(self.model_id, self.input, self.options))
         try:
-            first = await anext(pieces)
+            first = await unless_gone(request, anext(pieces))
         except StopAsyncIteration:
             first = None
         except Exception as e:
             raise self.error(e) from e
         return Stream(self, first, pieces)
+
+
+async def _gone(request: Request) -> None:
+    """Return when the client has closed its connection (the body is read: only a disconnect can
+    come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or ApiError client_closed once the client leaves first (`work` is then
+    cancelled: a generation it waits on stops)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_gone(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, gone):
+            if not t.done():
+                t.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    await asyncio.gather(task, return_exceptions=True)  # let its clean-up run
+    raise ApiError("client_closed", "the client closed the connection before the answer")
 
 
 @dataclass(frozen=True)

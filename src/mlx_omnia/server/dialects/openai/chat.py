@@ -122,11 +122,11 @@ def options_of(body: ChatCompletionRequest) -> Options:
 async def chat_completions(
     request: Request, body: ChatCompletionRequest
 ) -> JSONResponse | StreamingResponse:
-    state, model_id = accepted(request, body, body.model, HARMLESS)
+    model_id = accepted(request, body, body.model, HARMLESS)
     generation = options_of(body).generation(model_id, chat_of(body.messages), "messages")
     reply = Reply(new_id("chatcmpl-"), model_id)
     if not body.stream:
-        answer = await generation.run(state)
+        answer = await generation.run(request)
         message = {"role": "assistant", "content": answer.text, "refusal": None}
         out = reply(
             "chat.completion",
@@ -136,7 +136,7 @@ async def chat_completions(
             logprobs=chat_logprobs(answer.logprobs) if body.logprobs else None,
         )
         return JSONResponse({**out, "usage": usage_of(answer.usage)})
-    stream = await generation.stream(state)
+    stream = await generation.stream(request)
 
     def chunk(
         delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None

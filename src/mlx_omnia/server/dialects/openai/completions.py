@@ -86,7 +86,7 @@ def _completion_options(body: CompletionRequest) -> Options:
 async def completions(
     request: Request, body: CompletionRequest
 ) -> JSONResponse | StreamingResponse:
-    state, model_id = accepted(request, body, body.model, HARMLESS)
+    model_id = accepted(request, body, body.model, HARMLESS)
     generation = _completion_options(body).generation(model_id, _prompt_of(body.prompt), "prompt")
     reply = Reply(new_id("cmpl-"), model_id)
 
@@ -97,11 +97,11 @@ async def completions(
 
     wants = body.logprobs is not None
     if not body.stream:
-        answer = await generation.run(state)
+        answer = await generation.run(request)
         probs = completion_logprobs(answer.logprobs, 0) if wants else None
         out = completion(answer.text, answer.last.finish_reason, probs)
         return JSONResponse({**out, "usage": usage_of(answer.usage)})
-    stream = await generation.stream(state)
+    stream = await generation.stream(request)
 
     def chunk_of(piece: Piece, sent: int) -> dict[str, Any]:
         return completion(

@@ -220,15 +220,15 @@ class _ResponseShape:
 
 @router.post("/responses", response_model=None)
 async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | StreamingResponse:
-    state, model_id = accepted(request, body, body.model, RESPONSES_HARMLESS)
+    model_id = accepted(request, body, body.model, RESPONSES_HARMLESS)
     generation = _responses_options(body).generation(model_id, _responses_chat(body), "input")
     shape = _ResponseShape(body, model_id)
     if not body.stream:
-        answer = await generation.run(state)
+        answer = await generation.run(request)
         status = "incomplete" if answer.last.finish_reason == "length" else "completed"
         item = shape.item(status, [shape.part(answer.text)])
         return JSONResponse(shape.response(status, [item], answer.last))
-    stream = await generation.stream(state)
+    stream = await generation.stream(request)
 
     async def events() -> AsyncIterator[str]:
         seq = 0

@@ -18,7 +18,7 @@ from mlx_omnia.server.dialects.common import now, refuse_unknown, sse
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.generation import Options, Stream
 from mlx_omnia.server.errors import ApiError
-from mlx_omnia.server.state import ServerState, state_of
+from mlx_omnia.server.state import state_of
 
 R = TypeVar("R", bound=str)
 
@@ -48,13 +48,12 @@ LIMITS = {
 
 def accepted(
     request: Request, body: BaseModel, model: str | None, harmless: tuple[str, ...]
-) -> tuple[ServerState, str]:
-    """The server and the canonical id of `model`, for a request whose unknown fields are all
-    `harmless` or null (they cannot change the output); any other one is refused by name."""
+) -> str:
+    """The canonical id of `model`, for a request whose unknown fields are all `harmless` or null
+    (they cannot change the output); any other one is refused by name."""
     nulls = tuple(name for name, value in (body.model_extra or {}).items() if value is None)
     refuse_unknown(body, (*harmless, *nulls))
-    state = state_of(request)
-    return state, state.manager.check_id(model)
+    return state_of(request).manager.check_id(model)
 
 
 def role_of(roles: Mapping[str, R], message: Mapping[str, Any], where: str) -> R:

@@ -1,0 +1,130 @@
+"""Hostile and careless clients on a real server on loopback (issue 28): clients that leave,
+oversized bodies, model ids, a big prompt beside health checks, keys in the log, huge
+max_tokens, methods a route lacks, Retry-After and characters cut by max_tokens."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mlx_omnia.server.settings import Settings
+from tests.fixtures.tiny import write_tiny_llama
+from tests.server_harness import LiveServer, live_server
+
+LONG = 60000  # tokens: far more than the tests wait for (the tiny model decodes ~1000/s)
+NO_EOS = {"2": -100}  # the tiny model's eos id, banned so that generations run their length
+DEADLINE = 30.0  # seconds: generous, this machine is shared
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(
+        tmp_path_factory.mktemp("hard") / "tiny-long", max_position_embeddings=65536
+    )
+
+
+@pytest.fixture
+def server(long_model: Path) -> Iterator[LiveServer]:
+    with live_server(Settings(), models=[long_model]) as live:
+        yield live
+
+
+def completion_tokens(server: LiveServer) -> float:
+    for line in httpx.get(f"{server.url}/metrics", timeout=DEADLINE).text.splitlines():
+        if line.startswith('omnia_completion_tokens_total{model="tiny-long"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def send_raw(server: LiveServer, path: str, body: dict[str, object]) -> socket.socket:
+    """POST `body` on a socket of its own and leave the answer unread (a client that may leave)."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.settings.port), timeout=DEADLINE)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+def long_requests(stream: bool) -> list[tuple[str, dict[str, object]]]:
+    """One long generation in each dialect's API."""
+    chat = [{"role": "user", "content": "go on"}]
+    gemini = "/api/gemini/v1beta/models/tiny-long:" + (
+        "streamGenerateContent?alt=sse" if stream else "generateContent"
+    )
+    return [
+        (
+            "/api/openai/v1/chat/completions",
+            {"model": "tiny-long", "stream": stream, "max_tokens": LONG, "temperature": 0,
+             "logit_bias": NO_EOS, "messages": chat},
+        ),
+        (
+            "/api/anthropic/v1/messages",
+            {"model": "tiny-long", "stream": stream, "max_tokens": LONG, "temperature": 0,
+             "messages": chat},
+        ),
+        (
+            gemini,
+            {"contents": [{"role": "user", "parts": [{"text": "go on"}]}],
+             "generationConfig": {"maxOutputTokens": LONG, "temperature": 0}},
+        ),
+    ]
+
+
+def test_queued_requests_whose_clients_left_are_never_generated(server: LiveServer) -> None:
+    path, body = long_requests(stream=True)[0]
+    running = send_raw(server, path, body)
+    wait_for(lambda: completion_tokens(server) > 0, "the running stream to decode")
+    first = server.state.scheduler.running
+    queued = [send_raw(server, p, b) for s in (False, True) for p, b in long_requests(s)]
+    wait_for(lambda: server.state.scheduler.depth == len(queued), "six queued requests")
+    for sock in queued:
+        sock.close()
+    wait_for(lambda: server.state.scheduler.depth == 0, "the abandoned requests to leave")
+    assert server.state.scheduler.running is first  # they left the queue, not ran
+    running.close()
+    wait_for(lambda: server.state.scheduler.running is None, "the server to be idle")
+    stopped_at = completion_tokens(server)
+    assert 0 < stopped_at < LONG / 2  # only the running stream's tokens
+    r = httpx.get(f"{server.url}/admin/status", timeout=DEADLINE).json()
+    assert r["queue_depth"] == 0
+    # Nothing queued is left to run: the counter stays where the running stream stopped.
+    answer = httpx.post(
+        f"{server.url}/api/openai/v1/chat/completions",
+        timeout=DEADLINE,
+        json={"model": "tiny-long", "max_tokens": 3, "temperature": 0, "logit_bias": NO_EOS,
+              "messages": [{"role": "user", "content": "next"}]},
+    )
+    assert answer.status_code == 200
+    assert completion_tokens(server) == stopped_at + 3
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "gemini"])
+def test_a_non_streaming_client_that_leaves_stops_its_generation(
+    server: LiveServer, dialect: str
+) -> None:
+    index = ["openai", "anthropic", "gemini"].index(dialect)
+    path, body = long_requests(stream=False)[index]
+    sock = send_raw(server, path, body)
+    wait_for(lambda: completion_tokens(server) > 0, "the generation to decode")
+    sock.close()
+    wait_for(lambda: server.state.scheduler.running is None, "the generation to stop")
+    assert completion_tokens(server) < LONG / 2
