@@ -5,6 +5,7 @@ max_tokens, methods a route lacks, Retry-After and characters cut by max_tokens.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -128,3 +129,85 @@ def test_a_non_streaming_client_that_leaves_stops_its_generation(
     sock.close()
     wait_for(lambda: server.state.scheduler.running is None, "the generation to stop")
     assert completion_tokens(server) < LONG / 2
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of one HTTP/1.1 response with a Content-Length."""
+    data = b""
+    deadline = time.monotonic() + DEADLINE
+    while b"\r\n\r\n" not in data and time.monotonic() < deadline:
+        more = sock.recv(65536)
+        if not more:
+            break
+        data += more
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    while len(body) < int(headers.get("content-length", "0")) and time.monotonic() < deadline:
+        more = sock.recv(65536)
+        if not more:
+            break
+        body += more
+    return int(lines[0].split()[1]), headers, body
+
+
+LIMIT = 64 * 1024
+ERROR_OF: dict[str, Callable[[dict[str, object]], object]] = {
+    "/api/openai/v1/chat/completions": lambda b: b["error"]["type"],  # type: ignore[index]
+    "/api/anthropic/v1/messages": lambda b: b["error"]["type"],  # type: ignore[index]
+    "/api/gemini/v1beta/models/tiny-long:generateContent": lambda b: b["error"]["status"],  # type: ignore[index]
+}
+TOO_LARGE = {
+    "/api/openai/v1/chat/completions": "invalid_request_error",
+    "/api/anthropic/v1/messages": "request_too_large",
+    "/api/gemini/v1beta/models/tiny-long:generateContent": "INVALID_ARGUMENT",
+}
+
+
+@pytest.fixture
+def small_body_server(long_model: Path) -> Iterator[LiveServer]:
+    with live_server(Settings(max_body_bytes=LIMIT), models=[long_model]) as live:
+        yield live
+
+
+@pytest.mark.parametrize("path", list(TOO_LARGE))
+def test_a_chunked_body_over_max_body_is_refused_before_it_is_read(
+    small_body_server: LiveServer, path: str
+) -> None:
+    server = small_body_server
+    sock = socket.create_connection(("127.0.0.1", server.settings.port), timeout=DEADLINE)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n".encode()
+    )
+    chunk = b"x" * 16384
+    total = 32 * 1024 * 1024  # what the client would send: 512 times the limit
+    sent = 0
+    with sock:
+        while sent < total:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:  # the server answered early
+                break
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:  # it closed the connection: read its answer
+                break
+            sent += len(chunk)
+        status, headers, body = read_response(sock)
+    assert status == 413
+    assert headers.get("connection") == "close"
+    assert ERROR_OF[path](json.loads(body)) == TOO_LARGE[path]
+    assert sent < total  # refused on the way, not after reading it all
+
+
+def test_a_chunked_body_under_max_body_is_served(small_body_server: LiveServer) -> None:
+    body = json.dumps({"model": "tiny-long", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    r = httpx.post(
+        f"{small_body_server.url}/api/openai/v1/chat/completions",
+        content=iter([body[:10], body[10:]]),  # an iterator: sent chunked
+        headers={"content-type": "application/json"},
+        timeout=DEADLINE,
+    )
+    assert r.status_code == 200, r.text
+    assert r.request.headers.get("transfer-encoding") == "chunked"

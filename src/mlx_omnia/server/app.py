@@ -19,6 +19,7 @@ from mlx_omnia.server import admin, webapp
 from mlx_omnia.server.dialects import anthropic, gemini, openai
 from mlx_omnia.server.dialects.errors import dialect_of, error_response, from_engine
 from mlx_omnia.server.errors import ApiError, Kind
+from mlx_omnia.server.limits import BodyLimit
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.metrics import Metrics
 from mlx_omnia.server.scheduler import Scheduler
@@ -68,6 +69,9 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
             allow_headers=["*"],
         )
 
+    # Inside the guard (a refused key reads no body), outside the routes.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         dialect = dialect_of(request.url.path)
@@ -82,12 +86,6 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
                 return error_response(
                     dialect, ApiError("authentication", "missing or invalid API key")
                 )
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return error_response(
-                dialect,
-                ApiError("too_large", f"request body over {settings.max_body_bytes} bytes"),
-            )
         return await call_next(request)
 
     @app.exception_handler(ApiError)
