@@ -48,10 +48,10 @@ def test_attention_matches_numpy_in_one_call_and_stepwise(
     step = AttentionStep(n_heads=H, n_kv_heads=KV, head_dim=D, window=window, softcap=softcap)
     sinks = mx.array(SINKS) if with_sinks else None
     want = numpy_attention(window, softcap, SINKS if with_sinks else None)
-    full = np.array(step(mx.array(Q), mx.array(K), mx.array(V), None, sinks))
+    full = np.array(step.attend(mx.array(Q), mx.array(K), mx.array(V), None, sinks))
     cache = KVCache()
     pieces = [
-        np.array(step(mx.array(Q[:, :, t : t + 1]), mx.array(K[:, :, t : t + 1]),
+        np.array(step.attend(mx.array(Q[:, :, t : t + 1]), mx.array(K[:, :, t : t + 1]),
                       mx.array(V[:, :, t : t + 1]), cache, sinks))
         for t in range(L)
     ]

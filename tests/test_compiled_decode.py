@@ -97,13 +97,13 @@ def test_static_cache_masks_a_sliding_window() -> None:
     rng = np.random.default_rng(0)
     q, k, v = (mx.array(rng.standard_normal((1, h, 9, 4)).astype(np.float32)) for h in (2, 1, 1))
     eager = KVCache()
-    step(q[:, :, :5], k[:, :, :5], v[:, :, :5], eager)
+    step.attend(q[:, :, :5], k[:, :, :5], v[:, :, :5], eager)
     static = StaticKVCache.from_cache(eager)
     outs = []
     for t in range(5, 9):
         static.reserve(t + 1)
-        outs.append(np.array(step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], static)))  # type: ignore[arg-type]
-    want = np.array(step(q, k, v, None))[:, :, 5:]
+        outs.append(np.array(step.attend(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], static)))  # type: ignore[arg-type]
+    want = np.array(step.attend(q, k, v, None))[:, :, 5:]
     assert np.abs(np.concatenate(outs, axis=2) - want).max() < 1e-5
 
 

@@ -723,7 +723,7 @@ def test_project_attend_is_the_projections_then_the_attention() -> None:
     x = mx.random.normal((1, 3, 64), key=mx.random.key(7))
     mine, theirs = KVCache(), KVCache()
     got = decl(x, mine)
-    want = decl.attention.project(*decl.qkv(x), theirs)
+    want = decl.attention(*decl.qkv(x), theirs)
     assert got.shape == (1, 3, 4 * 32) and mx.array_equal(got, want)
     assert mine.offset == theirs.offset == 3
 

@@ -218,7 +218,7 @@ def test_attention_step_matches_core(case: str, prefix: int, dtype: mx.Dtype) ->
     mine, theirs = prefilled(), prefilled()
     for step in range(3):
         q, k, v = step_inputs((mine, theirs), prefix + step + 1, h, hkv, d, dtype)
-        got = att.project(q, k, v, mine)
+        got = att(q, k, v, mine)
         want = core(q, k, v, theirs)
         mx.eval(got, want, mine.arrays(), theirs.arrays())
         assert got.shape == want.shape == (1, 1, h * d)
@@ -285,9 +285,9 @@ def test_attention_head_split_gives_the_same_bits(
     mine, theirs = two_caches(one.reference(), prefix, h, hkv, d, dtype)
     for step in range(3):
         q, k, v = step_inputs((mine, theirs), prefix + step + 1, h, hkv, d, dtype)
-        got = two.project(q, k, v, mine)
+        got = two(q, k, v, mine)
         with heads_in_one_block(monkeypatch):
-            want = one.project(q, k, v, theirs)
+            want = one(q, k, v, theirs)
             mx.eval(got, want, mine.arrays(), theirs.arrays())
         assert rel_err(got, want) == 0.0, step
         assert_same_caches(mine, theirs, step)

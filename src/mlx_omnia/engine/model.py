@@ -10,7 +10,7 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlx_omnia.engine.core.binder import bindings
+from mlx_omnia.engine.core.binder import bindings, declarations
 from mlx_omnia.engine.core.layers import Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
 from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, named_modules
@@ -321,7 +321,8 @@ def _bytes(module: nn.Module) -> int:
 def decode_weight_bytes(network: nn.Module) -> int:
     """See Model.decode_bytes."""
     modules = named_modules(network)
-    heads = {id(m) for _, p in modules if isinstance(p, Projections) for m in p.matrices}
+    heads = {id(m) for _, p in declarations(network) if isinstance(p, Projections)
+             for m in p.matrices}
     routes = [(path, m) for path, m in modules if isinstance(m, Route)]
     total = float(_bytes(network))
     for path, m in modules:

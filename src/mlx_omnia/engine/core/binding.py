@@ -9,12 +9,23 @@ here (`register`), by declaration type; a declaration never imports a kernel.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
 
 import mlx.nn as nn
 
 D = TypeVar("D", bound="Declaration")
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Declared(Generic[M]):
+    """What a declaration names without owning it (the norm before a projection, the parts of a
+    chain): kept out of the module tree, where an nn.Module attribute would be adopted, so the
+    parameters stay where the checkpoint puts them."""
+
+    value: M
 
 
 class Kernel(Generic[D]):
@@ -59,9 +70,27 @@ def kernels_for(declaration: type[Any]) -> tuple[Kernel[Any], ...]:
 class Declaration(nn.Module):
     """Base of every layer declaration: an nn.Module whose forward is bound after loading."""
 
+    # The attributes holding the bound calls (a traced forward records them: core/fusion.py),
+    # and how many values one call returns (a tuple when more than one).
+    entries: tuple[str, ...] = ("_bound",)
+    results: int = 1
+
     def __init__(self) -> None:
         super().__init__()
         self.binding = "core"
+
+    def traced_call(self, entry: str) -> Callable[..., Any]:
+        """The public call whose bound implementation `entry` holds."""
+        return self
+
+    def declared(self) -> Iterator[Declaration]:
+        """The declarations this one names (its `Declared` attributes), in the order it named
+        them."""
+        for value in vars(self).values():
+            if isinstance(value, Declared):
+                named = cast(Declared[object], value).value
+                items = cast(tuple[object, ...], named) if isinstance(named, tuple) else (named,)
+                yield from (item for item in items if isinstance(item, Declaration))
 
     def reference(self) -> Callable[..., Any]:
         """The core MLX implementation of this declaration."""

@@ -12,7 +12,7 @@ from typing import Literal
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.binding import Declaration
+from mlx_omnia.engine.core.binding import Declaration, Declared
 from mlx_omnia.engine.core.cache import KVCache, Mask, StaticKVCache, visibility
 from mlx_omnia.engine.core.mxcompat import (
     drop_parameters,
@@ -117,6 +117,13 @@ class Embedding(Declaration):
         self.bits: int | None = None
         self.group_size: int | None = None
         self._bound: Callable[[mx.array], mx.array] = self.reference()
+        self._head: Callable[[mx.array], mx.array] = self._matmul
+
+    # what a traced forward records: the rows (`_bound`) and the tied head (`_head`)
+    entries = ("_bound", "_head")
+
+    def traced_call(self, entry: str) -> Callable[..., mx.array]:
+        return self.as_linear if entry == "_head" else self
 
     @property
     def quantized(self) -> bool:
@@ -164,6 +171,9 @@ class Embedding(Declaration):
 
     def as_linear(self, x: mx.array) -> mx.array:
         """LmHead for tied embeddings: x @ E.T."""
+        return self._head(x)
+
+    def _matmul(self, x: mx.array) -> mx.array:
         if self.quantized:
             return mx.quantized_matmul(
                 x, self.weight, self.scales, self.biases,
@@ -292,18 +302,17 @@ class Rope(Declaration):
 class AttentionStep(Declaration):
     """Append this step's keys/values to the cache, then causal scaled-dot-product attention.
 
-    q: [B, n_heads, L, D]; k, v: [B, n_kv_heads, L, D] (grouped-query when n_kv_heads < n_heads).
+    Called on a layer's flat projections q [B, L, H*D] and k, v [B, L, Hkv*D], it is the whole
+    attention: per-head `q_norm` / `k_norm` (when declared), `rope` at the cache's offset, the
+    cache append, this attention, heads merged back to [B, L, H*Dv]. The norms and the rope are
+    the family's modules (declared here, not owned: the checkpoint names them where they are).
+    `attend` is the attention alone, of heads a family normed and rotated itself: q [B, H, L, D];
+    k, v [B, Hkv, L, D] (grouped-query when n_kv_heads < n_heads).
+
     `window`: sliding-window attention, a query sees itself and the `window - 1` keys before it
     (transformers' convention). `softcap`: scores become tanh(s / softcap) * softcap before the
     softmax (Gemma 2). `sinks`: per-head logits that join every softmax and take probability mass
-    without contributing a value (gpt-oss).
-
-    `project` is the whole attention of a layer from its flat projections q [B, L, H*D] and
-    k, v [B, L, Hkv*D]: per-head `q_norm` / `k_norm` (when declared), `rope` at the cache's
-    offset, this attention, heads merged back to [B, L, H*Dv]. The norms and the rope are the
-    family's modules (declared here, not owned: the checkpoint names them where they are)."""
-
-    _pre: tuple[RmsNorm | None, RmsNorm | None, Rope | None]
+    without contributing a value (gpt-oss)."""
 
     def __init__(
         self,
@@ -320,8 +329,9 @@ class AttentionStep(Declaration):
         rope: Rope | None = None,
     ) -> None:
         super().__init__()
-        # References kept out of the module tree (their parameters live where the family puts them).
-        object.__setattr__(self, "_pre", (q_norm, k_norm, rope))
+        self._q_norm = Declared(q_norm)
+        self._k_norm = Declared(k_norm)
+        self._rope = Declared(rope)
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
@@ -334,21 +344,21 @@ class AttentionStep(Declaration):
 
     @property
     def q_norm(self) -> RmsNorm | None:
-        return self._pre[0]
+        return self._q_norm.value
 
     @property
     def k_norm(self) -> RmsNorm | None:
-        return self._pre[1]
+        return self._k_norm.value
 
     @property
     def rope(self) -> Rope | None:
-        return self._pre[2]
+        return self._rope.value
 
     def reference(self) -> Callable[..., mx.array]:
         return self.reference_project()
 
     def reference_project(self) -> Callable[..., mx.array]:
-        """The core `project`: the ops a family would write itself."""
+        """The core attention of flat projections: the ops a family would write itself."""
         heads, kv_heads, dims, vdims = self.n_heads, self.n_kv_heads, self.head_dim, self.value_dim
 
         def project(
@@ -414,18 +424,19 @@ class AttentionStep(Declaration):
         return attend
 
     def __call__(
+        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None
+    ) -> mx.array:
+        """The attention of flat projections q [B, L, H*D], k, v [B, L, Hkv*D]."""
+        return self._bound(q, k, v, cache)
+
+    def attend(
         self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None,
         sinks: mx.array | None = None,
     ) -> mx.array:
-        """Attention of rotated heads q [B, H, L, D], k, v [B, Hkv, L, D] (always the core)."""
+        """Attention of normed, rotated heads q [B, H, L, D], k, v [B, Hkv, L, D] (the core)."""
         if sinks is None:
             return self._attend(q, k, v, cache)
         return self._attend(q, k, v, cache, sinks)
-
-    def project(
-        self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None
-    ) -> mx.array:
-        return self._bound(q, k, v, cache)
 
 
 class LayerNorm(Declaration):
@@ -456,11 +467,9 @@ class Projections(Declaration):
 
     The family lists its own Linears (or an Embedding used as the tied LM head) and, when they
     read a normalized input, the RmsNorm before them; with `gate`, two projections combine into
-    act(first) * second. Returns the projections' outputs (one, when gated). The modules are
-    declared here, not owned: their parameters stay where the checkpoint names them."""
-
-    _matrices: tuple[Linear | Embedding, ...]
-    _norm: RmsNorm | None
+    act(first) * second. Returns the projections' outputs (one, when gated). The binding pass
+    builds it where a family's table fuses the norm into the projections (core/fusion.py); it
+    names the family's modules without owning them."""
 
     def __init__(
         self, matrices: Sequence[Linear | Embedding], *, norm: RmsNorm | None = None,
@@ -469,18 +478,18 @@ class Projections(Declaration):
         super().__init__()
         if gate is not None and len(matrices) != 2:
             raise ValueError("a gated Projections combines exactly two projections")
-        object.__setattr__(self, "_matrices", tuple(matrices))
-        object.__setattr__(self, "_norm", norm)
+        self._matrices = Declared(tuple(matrices))
+        self._norm = Declared(norm)
         self.gate: Gate | None = gate
         self._bound: Callable[[mx.array], tuple[mx.array, ...]] = self.reference()
 
     @property
     def matrices(self) -> tuple[Linear | Embedding, ...]:
-        return self._matrices
+        return self._matrices.value
 
     @property
     def norm(self) -> RmsNorm | None:
-        return self._norm
+        return self._norm.value
 
     def reference(self) -> Callable[[mx.array], tuple[mx.array, ...]]:
         def run(x: mx.array) -> tuple[mx.array, ...]:
@@ -501,32 +510,29 @@ class Projections(Declaration):
 class ProjectAttend(Declaration):
     """A layer's q/k/v projections (after its norm), then the attention step of them: (x [..., in],
     cache) -> the attention's output [..., n_heads * head_dim]. Declares the two in the order
-    they run, so a kernel may run both in one launch; owns neither, and each keeps its own
-    binding for what the pair's kernel declines."""
-
-    _qkv: Projections
-    _attention: AttentionStep
+    they run, so a kernel may run both in one launch; each keeps its own binding for what the
+    pair's kernel declines. Built by the binding pass (core/fusion.py); owns neither."""
 
     def __init__(self, qkv: Projections, attention: AttentionStep) -> None:
         super().__init__()
-        object.__setattr__(self, "_qkv", qkv)
-        object.__setattr__(self, "_attention", attention)
+        self._qkv = Declared(qkv)
+        self._attention = Declared(attention)
         self._bound: Callable[[mx.array, KVCache | StaticKVCache | None], mx.array] = self.reference()
 
     @property
     def qkv(self) -> Projections:
-        return self._qkv
+        return self._qkv.value
 
     @property
     def attention(self) -> AttentionStep:
-        return self._attention
+        return self._attention.value
 
     def reference(self) -> Callable[[mx.array, KVCache | StaticKVCache | None], mx.array]:
         qkv, attention = self.qkv, self.attention
 
         def project_attend(x: mx.array, cache: KVCache | StaticKVCache | None) -> mx.array:
             q, k, v = qkv(x)
-            return attention.project(q, k, v, cache)
+            return attention(q, k, v, cache)
 
         return project_attend
 
@@ -538,25 +544,22 @@ class ChainedProjections(Declaration):
     """A projection with its residual, then projections of the sum: (a [..., in], residual
     [..., out]) -> (h = residual + project(a), *then(h)); an attention's o_proj, then the MLP's
     gate/up after the layer's norm. Declares the two in the order they run, so a kernel may run
-    both in one launch; owns neither, and each keeps its own binding for what the pair's kernel
-    declines."""
-
-    _project: Linear
-    _then: Projections
+    both in one launch; each keeps its own binding for what the pair's kernel declines. Built by
+    the binding pass (core/fusion.py); owns neither."""
 
     def __init__(self, project: Linear, then: Projections) -> None:
         super().__init__()
-        object.__setattr__(self, "_project", project)
-        object.__setattr__(self, "_then", then)
+        self._project = Declared(project)
+        self._then = Declared(then)
         self._bound: Callable[[mx.array, mx.array], tuple[mx.array, ...]] = self.reference()
 
     @property
     def project(self) -> Linear:
-        return self._project
+        return self._project.value
 
     @property
     def then(self) -> Projections:
-        return self._then
+        return self._then.value
 
     def reference(self) -> Callable[[mx.array, mx.array], tuple[mx.array, ...]]:
         project, then = self.project, self.then

@@ -15,12 +15,13 @@ GateUp's activation "gpt_oss_swiglu": gate clamped above at `limit`, up clamped 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.binding import Declaration
+from mlx_omnia.engine.core.binding import Declaration, Declared
 from mlx_omnia.engine.core.layers import Linear, Projections, RmsNorm
 from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
 
@@ -38,11 +39,11 @@ class Route(Declaration):
     The softmax runs in float32; weights come back in the logits' dtype.
 
     `router` (the family's router projection, declared here, not owned: one Projections matrix
-    of n_experts rows, optionally after the layer's norm) makes the call take the router's input
-    h instead of its logits: route(h) = top-k routing of router(h). A kernel may then compute
-    the logits and the routing in one launch."""
+    of n_experts rows, optionally after the layer's norm; `with_router`) makes the call take the
+    router's input h instead of its logits: route(h) = top-k routing of router(h). A kernel may
+    then compute the logits and the routing in one launch."""
 
-    _router: Projections | None
+    results = 2
 
     def __init__(
         self, n_experts: int, top_k: int, *, order: RouteOrder = "softmax_topk",
@@ -53,7 +54,7 @@ class Route(Declaration):
             raise ValueError(f"top_k {top_k} must be in 1..{n_experts}")
         if router is not None and (len(router.matrices) != 1 or router.gate is not None):
             raise ValueError("a router is one projection, not gated")
-        object.__setattr__(self, "_router", router)
+        self._router = Declared(router)
         self.n_experts = n_experts
         self.top_k = top_k
         self.order: RouteOrder = order
@@ -62,7 +63,12 @@ class Route(Declaration):
 
     @property
     def router(self) -> Projections | None:
-        return self._router
+        return self._router.value
+
+    def with_router(self, router: Projections) -> Route:
+        """This routing of `router`'s logits: a Route called on the router's input."""
+        return Route(self.n_experts, self.top_k, order=self.order, normalize=self.normalize,
+                     router=router)
 
     def reference(self) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
         route = self.reference_logits()
@@ -108,28 +114,26 @@ class ProjectRoute(Declaration):
     [..., out]) -> (h = residual + project(a), weights, ids) with (weights, ids) = route(h).
     Declares the two in the order they run (`project` a Linear, `route` a Route declaring its
     router), so a kernel may run both in one launch; owns neither: their weights stay where the
-    checkpoint puts them, and each keeps its own binding for what the pair's kernel declines."""
-
-    _project: Linear
-    _route: Route
+    checkpoint puts them, and each keeps its own binding for what the pair's kernel declines.
+    Built by the binding pass (core/fusion.py)."""
 
     def __init__(self, project: Linear, route: Route) -> None:
         super().__init__()
         if route.router is None:
             raise ValueError("the route must declare its router")
-        object.__setattr__(self, "_project", project)
-        object.__setattr__(self, "_route", route)
+        self._project = Declared(project)
+        self._route = Declared(route)
         self._bound: Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]] = (
             self.reference()
         )
 
     @property
     def project(self) -> Linear:
-        return self._project
+        return self._project.value
 
     @property
     def route(self) -> Route:
-        return self._route
+        return self._route.value
 
     def reference(self) -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]]:
         project, route = self.project, self.route
@@ -259,6 +263,18 @@ class ExpertLinear(Declaration):
         return gather
 
 
+E = TypeVar("E", bound=ExpertLinear)
+
+
+def _view(experts: E, **declared: Declared[Any]) -> E:
+    """A copy of `experts` sharing its arrays and naming other declarations: a chain's part,
+    built by the binding pass (core/fusion.py), never in the model's tree."""
+    view = copy.copy(experts)
+    vars(view).update(declared)
+    view.bind(force_reference=True)
+    return view
+
+
 class GateUp(ExpertLinear):
     """The selected experts' gate and up projections: x [..., in], ids [..., k] ->
     silu(x @ G[e].T) * (x @ U[e].T) [..., k, hidden]. `weight` stacks [G; U] along the output
@@ -267,10 +283,8 @@ class GateUp(ExpertLinear):
     Options: `bias` adds a per-expert bias [n_experts, 2 * hidden_dims] (same [G; U] order) to
     the projections; `activation` "gpt_oss_swiglu" computes, with g, u the projections,
     (clip(u, -limit, limit) + 1) * min(g, limit) * sigmoid(alpha * min(g, limit)); `norm` (the
-    layer's RmsNorm, declared here, not owned) normalizes x first, so the experts take the
-    residual stream as it is and no separate norm runs for them."""
-
-    _norm: RmsNorm | None
+    layer's RmsNorm, declared here, not owned; `after_norm`) normalizes x first, so the experts
+    take the residual stream as it is and no separate norm runs for them."""
 
     def __init__(
         self,
@@ -285,7 +299,7 @@ class GateUp(ExpertLinear):
         norm: RmsNorm | None = None,
     ) -> None:
         super().__init__(n_experts, input_dims, 2 * hidden_dims)
-        object.__setattr__(self, "_norm", norm)
+        self._norm = Declared(norm)
         self.hidden_dims = hidden_dims
         if bias:
             self.bias = mx.zeros((n_experts, 2 * hidden_dims))
@@ -296,7 +310,11 @@ class GateUp(ExpertLinear):
 
     @property
     def norm(self) -> RmsNorm | None:
-        return self._norm
+        return self._norm.value
+
+    def after_norm(self, norm: RmsNorm) -> GateUp:
+        """These experts (the same arrays) after `norm`: called on the norm's input."""
+        return _view(self, _norm=Declared(norm))
 
     def reference(self) -> Callable[[mx.array, mx.array], mx.array]:
         select, hidden, norm = self.select(), self.hidden_dims, self.norm
@@ -342,23 +360,25 @@ class DownCombine(ExpertLinear):
     `residual` (a call argument) declares what follows: the sum is added to it (h + moe(h)).
     `gate_up` (declared here, not owned) declares what precedes: the call then takes the gate/up
     projection's input x [..., in] in place of h and computes down(gate_up(x, ids)), so a kernel
-    may run both in one launch."""
-
-    _gate_up: GateUp | None
+    may run both in one launch (`after`)."""
 
     def __init__(
         self, n_experts: int, input_dims: int, output_dims: int, *, bias: bool = False,
         gate_up: GateUp | None = None,
     ) -> None:
         super().__init__(n_experts, input_dims, output_dims)
-        object.__setattr__(self, "_gate_up", gate_up)
+        self._gate_up = Declared(gate_up)
         if bias:
             self.bias = mx.zeros((n_experts, output_dims))
         self._bound: Callable[..., mx.array] = self.reference()
 
     @property
     def gate_up(self) -> GateUp | None:
-        return self._gate_up
+        return self._gate_up.value
+
+    def after(self, gate_up: GateUp) -> DownCombine:
+        """These experts (the same arrays) after `gate_up`: called on the gate/up's input."""
+        return _view(self, _gate_up=Declared(gate_up))
 
     def reference(self) -> Callable[..., mx.array]:
         return self.after_gate_up(self.reference_down())
@@ -405,26 +425,24 @@ class RouteExperts(Declaration):
     experts' MLP of h, with (h, weights, ids) = project_route(a, residual) and the experts a
     DownCombine declaring its GateUp (`experts(h, ids, weights, residual=h)`). Declares the
     chain in the order it runs, so a kernel may run it in one launch; owns neither part: each
-    keeps its own binding for what the chain's kernel declines."""
-
-    _project_route: ProjectRoute
-    _experts: DownCombine
+    keeps its own binding for what the chain's kernel declines. Built by the binding pass
+    (core/fusion.py)."""
 
     def __init__(self, project_route: ProjectRoute, experts: DownCombine) -> None:
         super().__init__()
         if experts.gate_up is None:
             raise ValueError("the experts must declare their gate/up projection")
-        object.__setattr__(self, "_project_route", project_route)
-        object.__setattr__(self, "_experts", experts)
+        self._project_route = Declared(project_route)
+        self._experts = Declared(experts)
         self._bound: Callable[[mx.array, mx.array], mx.array] = self.reference()
 
     @property
     def project_route(self) -> ProjectRoute:
-        return self._project_route
+        return self._project_route.value
 
     @property
     def experts(self) -> DownCombine:
-        return self._experts
+        return self._experts.value
 
     def reference(self) -> Callable[[mx.array, mx.array], mx.array]:
         project_route, experts = self.project_route, self.experts

@@ -23,10 +23,11 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
 from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route
-from mlx_omnia.engine.core.mxcompat import reshape, silu
+from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.deepseek_v2.config import DeepseekV2Config
 
@@ -92,7 +93,7 @@ class DeepseekV2Attention(nn.Module):
         k_pe = self.rope(k_pe, offset)
         q = mx.concatenate([q_nope, q_pe], axis=-1)
         k = mx.concatenate([k_nope, mx.broadcast_to(k_pe, (b, h, length, self.rope_dim))], axis=-1)
-        out = self.attention(q, k, v, cache)
+        out = self.attention.attend(q, k, v, cache)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

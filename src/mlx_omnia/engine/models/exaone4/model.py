@@ -10,9 +10,10 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
-from mlx_omnia.engine.core.mxcompat import reshape, silu
+from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.exaone4.config import Exaone4Config
 
@@ -45,7 +46,7 @@ class Exaone4Attention(nn.Module):
             offset = cache.offset if cache is not None else 0
             q = self.rope(q, offset)
             k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache)
+        out = self.attention.attend(q, k, v, cache)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

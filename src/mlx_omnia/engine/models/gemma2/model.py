@@ -12,9 +12,10 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import gelu_tanh
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, OffsetRmsNorm
-from mlx_omnia.engine.core.mxcompat import gelu_tanh, reshape
+from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.gemma2.config import Gemma2Config
 
@@ -48,7 +49,7 @@ class Gemma2Attention(nn.Module):
         offset = cache.offset if cache is not None else 0
         q = self.rope(q, offset)
         k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache)
+        out = self.attention.attend(q, k, v, cache)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import gelu_tanh
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, LayerNorm, Linear
-from mlx_omnia.engine.core.mxcompat import gelu_tanh, reshape
+from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.models.gpt2.config import Gpt2Config
 
 
@@ -35,7 +36,7 @@ class Gpt2Attention(nn.Module):
         q = qkv[:, :, 0].swapaxes(1, 2)
         k = qkv[:, :, 1].swapaxes(1, 2)
         v = qkv[:, :, 2].swapaxes(1, 2)
-        out = self.attention(q, k, v, cache)
+        out = self.attention.attend(q, k, v, cache)
         return self.c_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

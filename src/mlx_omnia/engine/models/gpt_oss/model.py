@@ -48,7 +48,7 @@ class GptOssAttention(nn.Module):
         offset = cache.offset if cache is not None else 0
         q = self.rope(q, offset)
         k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache, sinks=self.sinks)
+        out = self.attention.attend(q, k, v, cache, sinks=self.sinks)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

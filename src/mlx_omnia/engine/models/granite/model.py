@@ -8,9 +8,10 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
-from mlx_omnia.engine.core.mxcompat import reshape, silu
+from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.granite.config import GraniteConfig
 
@@ -40,7 +41,7 @@ class GraniteAttention(nn.Module):
         offset = cache.offset if cache is not None else 0
         q = self.rope(q, offset)
         k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache)
+        out = self.attention.attend(q, k, v, cache)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

@@ -5,17 +5,23 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
-from mlx_omnia.engine.core.layers import (
-    AttentionStep,
-    ChainedProjections,
-    Embedding,
-    Linear,
-    Projections,
-    RmsNorm,
+from mlx_omnia.engine.core.fusion import (
+    NORM_INTO_PROJECTIONS,
+    PROJECTION_INTO_PROJECTIONS,
+    RESIDUAL_INTO_PROJECTION,
+    Fusions,
 )
+from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.llama.config import LlamaConfig
+
+# The neighbours that run as one launch where a kernel computes them (the binding pass finds
+# them in the forwards marked FUSED; docs/kernels.md): input_layernorm and q/k/v; o_proj with the
+# residual, then post_attention_layernorm and gate/up; down_proj with the residual; the final
+# norm and the head.
+FUSED = Fusions(NORM_INTO_PROJECTIONS, RESIDUAL_INTO_PROJECTION, PROJECTION_INTO_PROJECTIONS)
 
 
 class LlamaAttention(nn.Module):
@@ -35,9 +41,9 @@ class LlamaAttention(nn.Module):
             rope=self.rope,
         )
 
-    def attend(self, q: mx.array, k: mx.array, v: mx.array, cache: KVCache | None) -> mx.array:
-        """The attention of the projections q, k, v: o_proj's input."""
-        return self.attention.project(q, k, v, cache)
+    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.o_proj(self.attention(q, k, v, cache))
 
 
 class LlamaMLP(nn.Module):
@@ -48,6 +54,8 @@ class LlamaMLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
 
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -57,20 +65,11 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        attn, mlp = self.self_attn, self.mlp
-        self.qkv = Projections(
-            (attn.q_proj, attn.k_proj, attn.v_proj), norm=self.input_layernorm
-        )
-        self.gate_up = Projections(
-            (mlp.gate_proj, mlp.up_proj), norm=self.post_attention_layernorm, gate="silu"
-        )
-        # o_proj (with the residual) runs right before the MLP's gate/up of its sum
-        self.o_gate_up = ChainedProjections(attn.o_proj, self.gate_up)
 
+    @FUSED
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        q, k, v = self.qkv(x)
-        h, act = self.o_gate_up(self.self_attn.attend(q, k, v, cache), x)
-        return self.mlp.down_proj(act, residual=h)
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class LlamaModel(nn.Module):
@@ -80,15 +79,12 @@ class LlamaModel(nn.Module):
         self.layers = [LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)]
         self.norm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def hidden(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
-        """The last layer's output, before the final norm."""
+    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+        """The last layer's output (the head applies `norm`)."""
         h = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             h = layer(h, cache[i] if cache is not None else None)
         return h
-
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
-        return self.norm(self.hidden(ids, cache))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -98,15 +94,19 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
-        table = self.model.embed_tokens if cfg.tie_word_embeddings else self.lm_head
-        self.head = Projections((table,), norm=self.model.norm)
 
     def __call__(
         self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
     ) -> mx.array:
-        h = self.model.hidden(ids, cache)
-        (logits,) = self.head(h[:, -1:] if last_only else h)
-        return logits
+        h = self.model(ids, cache)
+        return self.logits(h[:, -1:] if last_only else h)
+
+    @FUSED
+    def logits(self, h: mx.array) -> mx.array:
+        h = self.model.norm(h)
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(h)
+        return self.lm_head(h)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.model.layers]

@@ -54,7 +54,7 @@ class OlmoeAttention(nn.Module):
         offset = cache.offset if cache is not None else 0
         q = self.rope(q, offset)
         k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache)
+        out = self.attention.attend(q, k, v, cache)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm, Rope
-from mlx_omnia.engine.core.mxcompat import reshape, silu
+from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.core.rope import LongRope, build_longrope, build_rope
 from mlx_omnia.engine.models.phi3.config import Phi3Config
 
@@ -65,7 +66,7 @@ class Phi3Attention(nn.Module):
         offset = cache.offset if cache is not None else 0
         q = self.rope(q, offset)
         k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache)
+        out = self.attention.attend(q, k, v, cache)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

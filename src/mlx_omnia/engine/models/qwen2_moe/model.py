@@ -11,10 +11,11 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
 from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route
-from mlx_omnia.engine.core.mxcompat import reshape, silu
+from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.qwen2_moe.config import Qwen2MoeConfig
 
@@ -43,7 +44,7 @@ class Qwen2MoeAttention(nn.Module):
         offset = cache.offset if cache is not None else 0
         q = self.rope(q, offset)
         k = self.rope(k, offset)
-        out = self.attention(q, k, v, cache)
+        out = self.attention.attend(q, k, v, cache)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 

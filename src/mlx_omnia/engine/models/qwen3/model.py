@@ -8,18 +8,25 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
-from mlx_omnia.engine.core.layers import (
-    AttentionStep,
-    ChainedProjections,
-    Embedding,
-    Linear,
-    ProjectAttend,
-    Projections,
-    RmsNorm,
+from mlx_omnia.engine.core.fusion import (
+    NORM_INTO_PROJECTIONS,
+    PROJECTION_INTO_PROJECTIONS,
+    PROJECTIONS_INTO_ATTENTION,
+    RESIDUAL_INTO_PROJECTION,
+    Fusions,
 )
+from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.qwen3.config import Qwen3Config
+
+# The neighbours that run as one launch where a kernel computes them (the binding pass finds
+# them in the forwards marked FUSED; docs/kernels.md): input_layernorm and q/k/v, then the
+# attention; o_proj with the residual, then post_attention_layernorm and gate/up; down_proj with
+# the residual; the final norm and the head.
+FUSED = Fusions(NORM_INTO_PROJECTIONS, PROJECTIONS_INTO_ATTENTION, RESIDUAL_INTO_PROJECTION,
+                PROJECTION_INTO_PROJECTIONS)
 
 
 class Qwen3Attention(nn.Module):
@@ -36,10 +43,15 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RmsNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RmsNorm(self.head_dim, cfg.rms_norm_eps)
         self.rope = build_rope(self.head_dim, cfg.rope)
+        # per head: q_norm / k_norm, rope at the cache's offset, then attention over the cache
         self.attention = AttentionStep(
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
             q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
         )
+
+    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.o_proj(self.attention(q, k, v, cache))
 
 
 class Qwen3MLP(nn.Module):
@@ -49,6 +61,8 @@ class Qwen3MLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -58,21 +72,11 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(cfg)
         self.input_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        attn, mlp = self.self_attn, self.mlp
-        self.qkv = Projections(
-            (attn.q_proj, attn.k_proj, attn.v_proj), norm=self.input_layernorm
-        )
-        self.gate_up = Projections(
-            (mlp.gate_proj, mlp.up_proj), norm=self.post_attention_layernorm, gate="silu"
-        )
-        # the attention runs right after the q/k/v projections of the layer input
-        self.qkv_attend = ProjectAttend(self.qkv, attn.attention)
-        # o_proj (with the residual) runs right before the MLP's gate/up of its sum
-        self.o_gate_up = ChainedProjections(attn.o_proj, self.gate_up)
 
+    @FUSED
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        h, act = self.o_gate_up(self.qkv_attend(x, cache), x)
-        return self.mlp.down_proj(act, residual=h)
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Qwen3Model(nn.Module):
@@ -82,15 +86,12 @@ class Qwen3Model(nn.Module):
         self.layers = [Qwen3DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)]
         self.norm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def hidden(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
-        """The last layer's output, before the final norm."""
+    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+        """The last layer's output (the head applies `norm`)."""
         h = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             h = layer(h, cache[i] if cache is not None else None)
         return h
-
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
-        return self.norm(self.hidden(ids, cache))
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -100,15 +101,19 @@ class Qwen3ForCausalLM(nn.Module):
         self.model = Qwen3Model(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
-        table = self.model.embed_tokens if cfg.tie_word_embeddings else self.lm_head
-        self.head = Projections((table,), norm=self.model.norm)
 
     def __call__(
         self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
     ) -> mx.array:
-        h = self.model.hidden(ids, cache)
-        (logits,) = self.head(h[:, -1:] if last_only else h)
-        return logits
+        h = self.model(ids, cache)
+        return self.logits(h[:, -1:] if last_only else h)
+
+    @FUSED
+    def logits(self, h: mx.array) -> mx.array:
+        h = self.model.norm(h)
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(h)
+        return self.lm_head(h)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.model.layers]

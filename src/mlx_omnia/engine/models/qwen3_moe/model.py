@@ -10,18 +10,33 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
-from mlx_omnia.engine.core.layers import (
-    AttentionStep,
-    Embedding,
-    Linear,
-    ProjectAttend,
-    Projections,
-    RmsNorm,
+from mlx_omnia.engine.core.fusion import (
+    EXPERTS_CHAIN,
+    NORM_INTO_EXPERTS,
+    NORM_INTO_PROJECTIONS,
+    PROJECTION_INTO_ROUTE,
+    PROJECTIONS_INTO_ATTENTION,
+    RESIDUAL_INTO_PROJECTION,
+    ROUTE_INTO_EXPERTS,
+    ROUTER_INTO_ROUTE,
+    Fusions,
 )
-from mlx_omnia.engine.core.moe import DownCombine, GateUp, ProjectRoute, Route, RouteExperts
+from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
+from mlx_omnia.engine.core.moe import DownCombine, GateUp, Route
 from mlx_omnia.engine.core.rope import build_rope
 from mlx_omnia.engine.models.qwen3_moe.config import Qwen3MoeConfig
+
+# The neighbours that run as one launch where a kernel computes them (the binding pass finds
+# them in the forwards marked FUSED; docs/kernels.md): input_layernorm and q/k/v, then the
+# attention; in a sparse layer o_proj with the residual, post_attention_layernorm, the router,
+# the routing, the experts' gate/up and down with the residual; in a dense one o_proj and
+# down_proj with their residuals, post_attention_layernorm and gate/up; the final norm and the
+# head.
+FUSED = Fusions(NORM_INTO_PROJECTIONS, NORM_INTO_EXPERTS, ROUTER_INTO_ROUTE, EXPERTS_CHAIN,
+                RESIDUAL_INTO_PROJECTION, PROJECTIONS_INTO_ATTENTION, PROJECTION_INTO_ROUTE,
+                ROUTE_INTO_EXPERTS)
 
 
 class Qwen3MoeAttention(nn.Module):
@@ -38,84 +53,66 @@ class Qwen3MoeAttention(nn.Module):
         self.q_norm = RmsNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RmsNorm(self.head_dim, cfg.rms_norm_eps)
         self.rope = build_rope(self.head_dim, cfg.rope)
+        # per head: q_norm / k_norm, rope at the cache's offset, then attention over the cache
         self.attention = AttentionStep(
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
             q_norm=self.q_norm, k_norm=self.k_norm, rope=self.rope,
         )
 
+    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.o_proj(self.attention(q, k, v, cache))
+
 
 class Qwen3MoeMLP(nn.Module):
-    def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm) -> None:
+    def __init__(self, cfg: Qwen3MoeConfig) -> None:
         super().__init__()
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.gate_up = Projections((self.gate_proj, self.up_proj), norm=norm, gate="silu")
 
-    def __call__(self, h: mx.array) -> mx.array:
-        """h + the MLP of norm(h)."""
-        (act,) = self.gate_up(h)
-        return self.down_proj(act, residual=h)
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Qwen3MoeExperts(nn.Module):
-    def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm) -> None:
+    def __init__(self, cfg: Qwen3MoeConfig) -> None:
         super().__init__()
         n, hidden, inner = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        self.gate_up_proj = GateUp(n, hidden, inner, norm=norm)
-        self.down_proj = DownCombine(n, inner, hidden, gate_up=self.gate_up_proj)
+        self.gate_up_proj = GateUp(n, hidden, inner)
+        self.down_proj = DownCombine(n, inner, hidden)
 
-    def __call__(self, h: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
-        """h + the selected experts' MLPs of norm(h) (the norm is the gate/up projection's; the
-        down projection declares the gate/up before it and runs it)."""
-        return self.down_proj(h, ids, weights, residual=h)
+    def __call__(self, x: mx.array, ids: mx.array, weights: mx.array) -> mx.array:
+        return self.down_proj(self.gate_up_proj(x, ids), ids, weights)
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    def __init__(self, cfg: Qwen3MoeConfig, norm: RmsNorm, o_proj: Linear) -> None:
+    def __init__(self, cfg: Qwen3MoeConfig) -> None:
         super().__init__()
         self.gate = Linear(cfg.hidden_size, cfg.num_experts)
-        # the router reads the layer's post_attention_layernorm of h, as the experts do
-        self.router = Projections((self.gate,), norm=norm)
         self.route = Route(
             cfg.num_experts, cfg.num_experts_per_tok, order="softmax_topk",
-            normalize=cfg.norm_topk_prob, router=self.router,
+            normalize=cfg.norm_topk_prob,
         )
-        # the attention's o_proj (with the residual) runs right before the routing of its sum
-        self.project_route = ProjectRoute(o_proj, self.route)
-        self.experts = Qwen3MoeExperts(cfg, norm)
-        # ... and the experts right after the routing, on its h
-        self.route_experts = RouteExperts(self.project_route, self.experts.down_proj)
+        self.experts = Qwen3MoeExperts(cfg)
 
-    def __call__(self, h: mx.array) -> mx.array:
-        """h + the experts' MLP of norm(h)."""
-        weights, ids = self.route(h)
-        return self.experts(h, ids, weights)
-
-    def after_attention(self, a: mx.array, x: mx.array) -> mx.array:
-        """With h = x + o_proj(a) (a the attention's output): h + the experts' MLP of norm(h)."""
-        return self.route_experts(a, x)
+    def __call__(self, x: mx.array) -> mx.array:
+        weights, ids = self.route(self.gate(x))
+        return self.experts(x, ids, weights)
 
 
 class Qwen3MoeDecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen3MoeConfig, index: int) -> None:
         super().__init__()
         self.self_attn = Qwen3MoeAttention(cfg)
+        self.mlp = Qwen3MoeSparseMoeBlock(cfg) if cfg.sparse(index) else Qwen3MoeMLP(cfg)
         self.input_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        norm = self.post_attention_layernorm
-        attn = self.self_attn
-        self.mlp = (Qwen3MoeSparseMoeBlock(cfg, norm, attn.o_proj) if cfg.sparse(index)
-                    else Qwen3MoeMLP(cfg, norm))
-        self.qkv = Projections((attn.q_proj, attn.k_proj, attn.v_proj), norm=self.input_layernorm)
-        # the attention runs right after the q/k/v projections of the layer input
-        self.qkv_attend = ProjectAttend(self.qkv, attn.attention)
 
+    @FUSED
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
-        a = self.qkv_attend(x, cache)
-        if isinstance(self.mlp, Qwen3MoeSparseMoeBlock):
-            return self.mlp.after_attention(a, x)
-        return self.mlp(self.self_attn.o_proj(a, residual=x))
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Qwen3MoeModel(nn.Module):
@@ -125,15 +122,12 @@ class Qwen3MoeModel(nn.Module):
         self.layers = [Qwen3MoeDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = RmsNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def hidden(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
-        """The last layer's output, before the final norm."""
+    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
+        """The last layer's output (the head applies `norm`)."""
         h = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             h = layer(h, cache[i] if cache is not None else None)
         return h
-
-    def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
-        return self.norm(self.hidden(ids, cache))
 
 
 class Qwen3MoeForCausalLM(nn.Module):
@@ -143,15 +137,19 @@ class Qwen3MoeForCausalLM(nn.Module):
         self.model = Qwen3MoeModel(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
-        table = self.model.embed_tokens if cfg.tie_word_embeddings else self.lm_head
-        self.head = Projections((table,), norm=self.model.norm)
 
     def __call__(
         self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
     ) -> mx.array:
-        h = self.model.hidden(ids, cache)
-        (logits,) = self.head(h[:, -1:] if last_only else h)
-        return logits
+        h = self.model(ids, cache)
+        return self.logits(h[:, -1:] if last_only else h)
+
+    @FUSED
+    def logits(self, h: mx.array) -> mx.array:
+        h = self.model.norm(h)
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(h)
+        return self.lm_head(h)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.model.layers]
