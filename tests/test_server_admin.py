@@ -380,4 +380,5 @@ def test_pull_with_progress_then_chat_then_delete(hub: HubServer) -> None:
         )
         assert httpx.get(f"{server.url}/admin/jobs/pull-999").status_code == 404
         r = httpx.post(f"{server.url}/admin/models", json={"model": "../etc"})
-        assert r.status_code == 404
+        assert r.status_code == 400  # not a repo id: the body's field is refused, as "acme" is
+        assert "not a hub repo id" in r.json()["error"]["message"]

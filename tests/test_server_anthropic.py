@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import anthropic
@@ -396,6 +397,7 @@ class _BreaksMidStream:
 def test_error_after_stream_started_is_an_error_event() -> None:
     settings = Settings()
     manager = ModelManager(settings, loader=lambda ref: _BreaksMidStream())  # type: ignore[arg-type, return-value]
+    manager.add_alias(Path("broken"))  # served under that name; the fake loader reads no files
     with live_server(settings, manager) as s:
         body = {
             "model": "broken",

@@ -211,3 +211,86 @@ def test_a_chunked_body_under_max_body_is_served(small_body_server: LiveServer) 
     )
     assert r.status_code == 200, r.text
     assert r.request.headers.get("transfer-encoding") == "chunked"
+
+
+def chat_body(model: str) -> dict[str, object]:
+    return {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_bare_model_id_never_loads_a_directory_under_the_cwd(
+    server: LiveServer, long_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Checkpoints that load fine, under the server's working directory.
+    victim = write_tiny_llama(tmp_path / "victimdir")
+    write_tiny_llama(tmp_path / "owner" / "victim")
+    assert victim.is_dir()
+    monkeypatch.chdir(tmp_path)
+    url = f"{server.url}/api/openai/v1/chat/completions"
+    answers = {
+        name: httpx.post(url, json=chat_body(name), timeout=DEADLINE)
+        for name in ("victimdir", "owner/victim", "absentdir", "owner/absent")
+    }
+    for name, r in answers.items():
+        assert r.status_code == 404, (name, r.text)
+        error = r.json()["error"]
+        assert error["code"] == "model_not_found"
+        # The same answer whether a folder of that name exists or not.
+        assert error["message"].replace(name, "X") == answers["absentdir"].json()["error"][
+            "message"
+        ].replace("absentdir", "X")
+    assert not any(r.id in ("victimdir", "owner/victim") for r in server.state.manager.resident())
+    served = httpx.post(url, json=chat_body("tiny-long"), timeout=DEADLINE)
+    assert served.status_code == 200  # what it lists is served
+
+
+@pytest.fixture(scope="module")
+def malformed_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = write_tiny_llama(tmp_path_factory.mktemp("hard") / "tiny-malformed")
+    config = json.loads((path / "config.json").read_text())
+    del config["num_attention_heads"]
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+MALFORMED_REQUESTS: list[tuple[str, str, dict[str, object] | None, str]] = [
+    ("POST", "/api/openai/v1/chat/completions", chat_body("tiny-malformed"), "openai"),
+    ("POST", "/api/anthropic/v1/messages", chat_body("tiny-malformed"), "anthropic"),
+    ("POST", "/api/anthropic/v1/messages/count_tokens",
+     {"model": "tiny-malformed", "messages": [{"role": "user", "content": "hi"}]}, "anthropic"),
+    ("POST", "/api/gemini/v1beta/models/tiny-malformed:generateContent",
+     {"contents": [{"parts": [{"text": "hi"}]}]}, "gemini"),
+    ("POST", "/api/gemini/v1beta/models/tiny-malformed:countTokens",
+     {"contents": [{"parts": [{"text": "hi"}]}]}, "gemini"),
+    ("GET", "/api/gemini/v1beta/models/tiny-malformed", None, "gemini"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "dialect"), MALFORMED_REQUESTS)
+def test_a_malformed_checkpoint_is_a_clean_4xx_on_a_kept_alive_connection(
+    malformed_model: Path, method: str, path: str, body: dict[str, object] | None, dialect: str
+) -> None:
+    with live_server(Settings(), models=[malformed_model]) as server:
+        sock = socket.create_connection(("127.0.0.1", server.settings.port), timeout=DEADLINE)
+        with sock:
+            for _ in range(2):  # the same connection answers twice
+                data = json.dumps(body).encode() if body is not None else b""
+                sock.sendall(
+                    f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                    .encode() + data
+                )
+                status, headers, raw = read_response(sock)
+                assert status == 400, raw
+                assert headers.get("connection") != "close"
+                error = json.loads(raw)
+                if dialect == "anthropic":
+                    assert error["type"] == "error"
+                    assert error["error"]["type"] == "invalid_request_error"
+                    message = error["error"]["message"]
+                elif dialect == "gemini":
+                    assert error["error"]["status"] == "INVALID_ARGUMENT"
+                    message = error["error"]["message"]
+                else:
+                    assert error["error"]["type"] == "invalid_request_error"
+                    message = error["error"]["message"]
+                assert "cannot be loaded" in message

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,6 +45,7 @@ class _Narrow:
 def server() -> Iterator[LiveServer]:
     settings = Settings()
     manager = ModelManager(settings, loader=lambda ref: _Narrow())  # type: ignore[arg-type, return-value]
+    manager.add_alias(Path(MODEL))  # served under that name; the fake loader reads no files
     with live_server(settings, manager) as s:
         yield s
 

@@ -34,6 +34,7 @@ from mlx_omnia import (
 from mlx_omnia.server.dialects.common import sse
 from mlx_omnia.server.dialects.errors import from_engine
 from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.manager import DEFAULT_MODEL
 from mlx_omnia.server.state import ServerState, state_of
 
 router = APIRouter()
@@ -123,7 +124,7 @@ def _list_models(state: ServerState) -> dict[str, Any]:
             "source": source,
             "size_on_disk": size,
             "path": str(path) if path is not None else None,
-            "estimated_bytes": _estimate(manager.reference(model_id)) if path is not None else None,
+            "estimated_bytes": _estimate(path) if path is not None else None,
             "resident": res is not None,
             "resident_bytes": res.nbytes if res is not None else None,
             "default": model_id == manager.default_id,
@@ -186,7 +187,7 @@ async def unload_model(request: Request, model_id: str) -> dict[str, Any]:
 async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
     state = state_of(request)
     mid = state.manager.check_id(model_id)
-    if state.manager.reference(mid) is None:
+    if mid == DEFAULT_MODEL:
         raise ApiError(
             "invalid_request", f"{mid!r} is the embedded default model; it cannot be deleted"
         )
@@ -195,8 +196,7 @@ async def delete_model(request: Request, model_id: str) -> dict[str, Any]:
             "invalid_request",
             f"{mid!r} is a local path given to the server; it is not deleted through the API",
         )
-    if "/" not in mid:
-        raise ApiError("not_found", f"{mid!r} is not a model in the HF cache", "model")
+    state.manager.repo_id(mid)
     state.manager.unload(mid)  # refuses while it is generating
     freed = await asyncio.to_thread(delete_cached, mid)
     return {"id": mid, "deleted": True, "freed_bytes": freed}
@@ -320,11 +320,7 @@ class PullRequest(BaseModel):
 @router.post("/admin/models", status_code=202)
 async def start_pull(request: Request, body: PullRequest) -> JSONResponse:
     state = state_of(request)
-    mid = state.manager.check_id(body.model)
-    if "/" not in mid or mid in state.manager.aliases():
-        raise ApiError(
-            "invalid_request", f"{body.model!r} is not a hub repo id (owner/name)", "model"
-        )
+    mid = state.manager.repo_id(body.model)
     job = jobs_of(request).start(mid, body.revision)
     return JSONResponse({"job": job.id, "state": job.state}, status_code=202)
 

@@ -11,13 +11,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_omnia import Model, OmniaError, estimate_memory, load
+from mlx_omnia import Model, OmniaError, cached_models, estimate_memory, load
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.settings import Settings
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # A model id is a name: the default, an alias given with --model PATH, or a hub repo id.
-MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+def not_served(model_id: str) -> ApiError:
+    """The one answer for every id the server does not serve, whether or not something of that
+    name exists anywhere (a client learns nothing about the server's disk)."""
+    return ApiError(
+        "not_found",
+        f"model {model_id!r} is not served here: ask for the default, a model given with --model "
+        "or a hub model in the server's cache (omnia pull owner/name)",
+        "model",
+    )
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The snapshot directory of `repo_id` in the HF cache (the one `main` points at, if any)."""
+    revisions = [m for m in cached_models() if m.repo_id == repo_id]
+    revisions.sort(key=lambda m: "main" not in m.refs)
+    return revisions[0].path if revisions else None
 
 Loader = Callable[[str | Path | None], Model]
 Pricer = Callable[[str | Path | None], int]
@@ -71,19 +89,36 @@ class ModelManager:
         return dict(self._aliases)
 
     def check_id(self, model_id: str | None) -> str:
-        """The canonical id for a requested model name (None: the default model)."""
+        """The canonical id for a requested model name (None: the default model): only what the
+        server serves, the default, its aliases, what is resident, or a hub repo id (owner/name,
+        found in the HF cache when it loads). A bare name is never a path."""
         if model_id is None or model_id == "":
             return self.default_id
-        if model_id in self._aliases or model_id.lower() == DEFAULT_MODEL:
-            return model_id.lower() if model_id.lower() == DEFAULT_MODEL else model_id
-        if not MODEL_ID.match(model_id) or ".." in model_id:
-            raise ApiError("not_found", f"model {model_id!r} is not a valid model id", "model")
-        return model_id
+        if model_id.lower() == DEFAULT_MODEL:
+            return DEFAULT_MODEL
+        if model_id in self._aliases or model_id == self.default_id or self.is_resident(model_id):
+            return model_id
+        if REPO_ID.match(model_id) and ".." not in model_id:
+            return model_id
+        raise not_served(model_id)
+
+    def repo_id(self, model_id: str) -> str:
+        """`model_id` if it is spelled as a hub repo id (owner/name) and is no alias, else 400."""
+        if REPO_ID.match(model_id) and ".." not in model_id and model_id not in self._aliases:
+            return model_id
+        raise ApiError("invalid_request", f"{model_id!r} is not a hub repo id (owner/name)", "model")
 
     def _reference(self, model_id: str) -> str | Path | None:
+        """What `load` is given: None (the embedded default), an alias's path or a hub model's
+        snapshot directory, never a name `load` could read as a path under the cwd."""
         if model_id == DEFAULT_MODEL:
             return None
-        return self._aliases.get(model_id, model_id)
+        if model_id in self._aliases:
+            return self._aliases[model_id]
+        snapshot = cached_snapshot(model_id) if REPO_ID.match(model_id) else None
+        if snapshot is None:
+            raise not_served(model_id)
+        return snapshot
 
     # -- residency ---------------------------------------------------------------------------
     def get(self, model_id: str) -> Resident:
@@ -98,7 +133,17 @@ class ModelManager:
                 return res
             reference = self._reference(model_id)
             self._make_room(model_id, reference)
-            model = self._loader(reference)
+            try:
+                model = self._loader(reference)
+            except (OmniaError, ApiError):
+                raise
+            except Exception as e:  # a malformed checkpoint the loader did not name
+                raise ApiError(
+                    "invalid_request",
+                    f"the model {model_id!r} cannot be loaded: its checkpoint is malformed "
+                    f"({type(e).__name__}: {e})",
+                    "model",
+                ) from e
             now = time.monotonic()
             res = Resident(model_id, model, model.nbytes, now, now, busy=1)
             with self._state:
@@ -180,6 +225,5 @@ class ModelManager:
             return sum(r.nbytes for r in self._resident.values())
 
     def reference(self, model_id: str) -> str | Path | None:
-        """What `load` is given for a canonical id: None (the default), an alias's path or the
-        repo id."""
+        """What `load` is given for a canonical id (see `_reference`); 404 if it is not served."""
         return self._reference(model_id)
