@@ -5,6 +5,7 @@ max_tokens, methods a route lacks, Retry-After and characters cut by max_tokens.
 from __future__ import annotations
 
 import json
+import logging
 import select
 import socket
 import time
@@ -294,3 +295,35 @@ def test_a_malformed_checkpoint_is_a_clean_4xx_on_a_kept_alive_connection(
                     assert error["error"]["type"] == "invalid_request_error"
                     message = error["error"]["message"]
                 assert "cannot be loaded" in message
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_key_in_the_query_string_is_redacted_in_the_access_log(long_model: Path) -> None:
+    secret = "s3cret-key-0451"
+    access = logging.getLogger("uvicorn.access")
+    with live_server(Settings(api_key=secret), models=[long_model]) as server:
+        records = _Records()
+        level = access.level
+        access.addHandler(records)
+        access.setLevel(logging.INFO)
+        try:
+            r = httpx.get(
+                f"{server.url}/api/gemini/v1beta/models?pageSize=5&key={secret}", timeout=DEADLINE
+            )
+            assert r.status_code == 200
+            wait_for(lambda: any("/api/gemini/v1beta/models" in x for x in records.lines),
+                     "the access log line")
+        finally:
+            access.removeHandler(records)
+            access.setLevel(level)
+    line = next(x for x in records.lines if "/api/gemini/v1beta/models" in x)
+    assert secret not in line
+    assert "pageSize=5" in line and "key=" in line  # the rest of the line is kept

@@ -20,6 +20,7 @@ from mlx_omnia.server.dialects import anthropic, gemini, openai
 from mlx_omnia.server.dialects.errors import dialect_of, error_response, from_engine
 from mlx_omnia.server.errors import ApiError, Kind
 from mlx_omnia.server.limits import BodyLimit
+from mlx_omnia.server.logs import redact_access_log
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.metrics import Metrics
 from mlx_omnia.server.scheduler import Scheduler
@@ -54,6 +55,7 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
+        redact_access_log()
         reaper = admin.start_reaper(state)
         yield
         reaper.cancel()
