@@ -122,22 +122,39 @@ class Plan:
         self.composites = composites
         self.views = views  # a chain's copy of the family's declaration (GateUp after its norm)
         self.active = False
+        self._compile()
 
     def __call__(self, *args: Any) -> Any:
-        values: dict[int, Any] = {id(t): a for t, a in zip(self.inputs, args, strict=True)}
-
-        def get(v: Any) -> Any:
-            return values[id(v)] if isinstance(v, Traced) else v
-
-        for op in self.ops:
-            out = op.call(*(get(a) for a in op.args), **{k: get(v) for k, v in op.kwargs.items()})
+        values: list[Any] = [*args, *([None] * self._slots)]
+        for call, ins, names, outs in self._steps:
+            got = [values[i] if i >= 0 else v for i, v in ins]
+            n = len(got) - len(names)
+            out = call(*got[:n], **dict(zip(names, got[n:], strict=True)))
             if isinstance(out, tuple):
-                for t, o in zip(op.outputs, cast(tuple[Any, ...], out), strict=True):
-                    values[id(t)] = o
+                for i, o in zip(outs, cast(tuple[Any, ...], out), strict=True):
+                    values[i] = o
             else:
-                values[id(op.outputs[0])] = out
-        values_out = tuple(get(v) for v in self.result.values)
-        return values_out[0] if self.result.single else values_out
+                values[outs[0]] = out
+        got = tuple(values[i] if i >= 0 else v for i, v in self._result)
+        return got[0] if self.result.single else got
+
+    def _compile(self) -> None:
+        """Each value gets a slot: the inputs first, then every op's outputs in order."""
+        slot = {id(t): i for i, t in enumerate(self.inputs)}
+        for op in self.ops:
+            for t in op.outputs:
+                slot[id(t)] = len(slot)
+        self._slots = len(slot) - len(self.inputs)
+
+        def ref(v: object) -> tuple[int, object]:
+            return (slot[id(v)], None) if isinstance(v, Traced) else (-1, v)
+
+        self._steps = [
+            (op.call, [ref(a) for a in op.inputs()], tuple(op.kwargs),
+             [slot[id(t)] for t in op.outputs])
+            for op in self.ops
+        ]
+        self._result = [ref(v) for v in self.result.values]
 
     def declarations(self) -> Iterator[Declaration]:
         """The chain declarations, in binding order: each op's, then the chains it names."""
@@ -165,21 +182,23 @@ class Plan:
                 yield part
 
 
-def fused_forwards(module: nn.Module) -> Iterator[tuple[str, Fusions, Callable[..., Any]]]:
-    """(name, table, forward as written) of each decorated forward of `module`'s class."""
-    seen: set[str] = set()
-    for cls in type(module).__mro__:
-        for name, attr in vars(cls).items():
-            if name not in seen and hasattr(attr, _FUSED):
-                seen.add(name)
+@functools.cache
+def fused_forwards(cls: type) -> tuple[tuple[str, Fusions, Callable[..., Any]], ...]:
+    """(name, table, forward as written) of each decorated forward of a module class."""
+    found: dict[str, tuple[str, Fusions, Callable[..., Any]]] = {}
+    for base in cls.__mro__:
+        for name, attr in vars(base).items():
+            if name not in found and hasattr(attr, _FUSED):
                 table, forward = getattr(attr, _FUSED)
-                yield name, table, forward
+                found[name] = (name, table, forward)
+    return tuple(found.values())
 
 
 def make_plans(module: nn.Module) -> dict[str, Plan]:
     """Trace `module`'s decorated forwards and make their plans (inactive: the binding pass
     turns on those where a chain binds a kernel); kept on the module."""
-    made = {name: plan(module, forward, table) for name, table, forward in fused_forwards(module)}
+    made = {name: plan(module, forward, table)
+            for name, table, forward in fused_forwards(type(module))}
     if made or _PLANS in module.__dict__:
         module.__dict__[_PLANS] = made
     return made
@@ -188,8 +207,6 @@ def make_plans(module: nn.Module) -> dict[str, Plan]:
 def plans_of(module: nn.Module) -> dict[str, Plan]:
     """The plans `make_plans` left on `module`."""
     return cast(dict[str, Plan], module.__dict__.get(_PLANS, {}))
-
-
 
 
 def plan(module: nn.Module, forward: Callable[..., Any], table: Fusions) -> Plan:
