@@ -327,3 +327,49 @@ def test_a_key_in_the_query_string_is_redacted_in_the_access_log(long_model: Pat
     line = next(x for x in records.lines if "/api/gemini/v1beta/models" in x)
     assert secret not in line
     assert "pageSize=5" in line and "key=" in line  # the rest of the line is kept
+
+
+METHOD_CASES = [
+    ("POST", "/admin/health", "GET", lambda b: b["error"]["type"], "method_not_allowed"),
+    ("GET", "/api/openai/v1/chat/completions", "POST", lambda b: b["error"]["type"],
+     "invalid_request_error"),
+    ("DELETE", "/api/anthropic/v1/messages", "POST", lambda b: b["error"]["type"],
+     "invalid_request_error"),
+    ("PUT", "/api/gemini/v1beta/models", "GET", lambda b: b["error"]["status"], "UNIMPLEMENTED"),
+    ("OPTIONS", "/api/openai/v1/models", "GET", lambda b: b["error"]["type"],
+     "invalid_request_error"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "allow", "kind_of", "kind"), METHOD_CASES)
+def test_a_method_a_route_lacks_answers_405_with_allow(
+    server: LiveServer,
+    method: str,
+    path: str,
+    allow: str,
+    kind_of: Callable[[dict[str, object]], object],
+    kind: str,
+) -> None:
+    r = httpx.request(method, f"{server.url}{path}", timeout=DEADLINE)
+    assert r.status_code == 405, r.text
+    assert allow in [m.strip() for m in r.headers["allow"].split(",")]
+    assert kind_of(r.json()) == kind
+
+
+def test_a_cors_preflight_needs_no_key(long_model: Path) -> None:
+    origin = "http://app.example"
+    settings = Settings(api_key="secret", cors_origins=(origin,))
+    with live_server(settings, models=[long_model]) as server:
+        r = httpx.options(
+            f"{server.url}/api/openai/v1/chat/completions",
+            headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization, content-type"},
+            timeout=DEADLINE,
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["access-control-allow-origin"] == origin
+        assert "POST" in r.headers["access-control-allow-methods"]
+        # The request the preflight clears still needs the key.
+        r = httpx.post(f"{server.url}/api/openai/v1/chat/completions", json=chat_body("tiny-long"),
+                       headers={"Origin": origin}, timeout=DEADLINE)
+        assert r.status_code == 401

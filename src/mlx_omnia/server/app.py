@@ -113,11 +113,16 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         kind: dict[int, Kind] = {
-            401: "authentication", 404: "not_found", 405: "invalid_request", 413: "too_large"
+            401: "authentication", 404: "not_found", 405: "method_not_allowed", 413: "too_large"
         }
+        message = str(exc.detail)
+        allow = (exc.headers or {}).get("Allow")
+        if exc.status_code == 405 and allow:
+            message = f"{request.method} is not allowed on {request.url.path}; use {allow}"
         return error_response(
             dialect_of(request.url.path),
-            ApiError(kind.get(exc.status_code, "invalid_request"), str(exc.detail)),
+            ApiError(kind.get(exc.status_code, "invalid_request"), message),
+            exc.headers,
         )
 
     @app.exception_handler(json.JSONDecodeError)

@@ -10,6 +10,7 @@ Kind = Literal[
     "authentication",  # 401
     "permission",  # 403
     "not_found",  # 404
+    "method_not_allowed",  # 405 (with an Allow header)
     "too_large",  # 413
     "rate_limit",  # 429 (queue full)
     "overloaded",  # 503/529
@@ -22,6 +23,7 @@ STATUS: dict[Kind, int] = {
     "authentication": 401,
     "permission": 403,
     "not_found": 404,
+    "method_not_allowed": 405,
     "too_large": 413,
     "rate_limit": 429,
     "overloaded": 503,

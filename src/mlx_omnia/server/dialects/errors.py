@@ -27,6 +27,7 @@ OPENAI_TYPES: dict[Kind, str] = {
     "authentication": "authentication_error",
     "permission": "permission_error",
     "not_found": "invalid_request_error",
+    "method_not_allowed": "invalid_request_error",
     "too_large": "invalid_request_error",
     "rate_limit": "rate_limit_error",
     "overloaded": "overloaded_error",
@@ -38,6 +39,7 @@ ANTHROPIC_TYPES: dict[Kind, str] = {
     "authentication": "authentication_error",
     "permission": "permission_error",
     "not_found": "not_found_error",
+    "method_not_allowed": "invalid_request_error",
     "too_large": "request_too_large",
     "rate_limit": "rate_limit_error",
     "overloaded": "overloaded_error",
@@ -49,6 +51,7 @@ GEMINI_STATUS: dict[Kind, str] = {
     "authentication": "UNAUTHENTICATED",
     "permission": "PERMISSION_DENIED",
     "not_found": "NOT_FOUND",
+    "method_not_allowed": "UNIMPLEMENTED",  # as Google's REST gateways answer a 405
     "too_large": "INVALID_ARGUMENT",
     "rate_limit": "RESOURCE_EXHAUSTED",
     "overloaded": "UNAVAILABLE",
@@ -108,8 +111,10 @@ def error_body(dialect: Dialect, error: ApiError) -> dict[str, object]:
     return {"error": {"type": error.kind, "message": error.message}}
 
 
-def error_response(dialect: Dialect, error: ApiError) -> JSONResponse:
+def error_response(
+    dialect: Dialect, error: ApiError, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     status = error.status
     if dialect == "anthropic" and error.kind == "overloaded":
         status = 529  # Anthropic's own status for overloaded_error
-    return JSONResponse(error_body(dialect, error), status_code=status)
+    return JSONResponse(error_body(dialect, error), status_code=status, headers=headers)
