@@ -128,6 +128,7 @@ def test_explain_counts_bindings_by_implementation(tmp_path: Path) -> None:
         count = sum(v == impl for v in bindings.values())
         assert f"  {impl}: {count}" in text
     assert re.search(r"model\.layers\.\*\.self_attn\.q_proj +x2\n", text)
+    assert re.search(r"model\.layers\.\*/ProjectAttend\(self_attn\.q_proj, .*\) +x2\n", text)
 
 
 def test_paired_runs_each_tree_in_its_own_process(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def explain(path: Path, args: argparse.Namespace, out: Out) -> dict[str, Any]:
         )
         groups: dict[str, Counter[str]] = {}
         for module_path, impl in arm.bindings.items():
-            pattern = re.sub(r"\.\d+(?=\.|$)", ".*", module_path)
+            pattern = re.sub(r"\.\d+(?=[./]|$)", ".*", module_path)
             groups.setdefault(impl, Counter())[pattern] += 1
         out(f"bindings ({arm.name}): {len(arm.bindings)} layer declarations")
         for impl, patterns in sorted(groups.items()):
