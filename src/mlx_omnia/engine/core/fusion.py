@@ -49,21 +49,27 @@ from mlx_omnia.engine.core.trace import Graph, Op, Traced, Untraceable
 F = TypeVar("F", bound=Callable[..., Any])
 D = TypeVar("D", bound=Declaration)
 
-# The chains a table may name. Each is a way neighbouring declarations of a forward run as one
-# declaration, in the order the binding pass looks for them.
-NORM_INTO_PROJECTIONS = "norm+projections"  # an RMS norm read only by projections (q/k/v, gate/up
-# with their activation, a head, a router): Projections(norm=)
-NORM_INTO_EXPERTS = "norm+experts"  # an RMS norm the experts' gate/up reads: GateUp(norm=)
-ROUTER_INTO_ROUTE = "router+route"  # a router's projections read only by the routing: Route(router=)
-EXPERTS_CHAIN = "experts"  # the gate/up read only by the down projections: DownCombine(gate_up=)
-RESIDUAL_INTO_PROJECTION = "residual"  # a projection's output added to a residual: Linear(residual=)
-PROJECTIONS_INTO_ATTENTION = "projections+attention"  # q/k/v read only by the attention: ProjectAttend
-PROJECTION_INTO_PROJECTIONS = "projection+projections"  # a projection and residual, then the
-# projections of the sum: ChainedProjections
-PROJECTION_INTO_ROUTE = "projection+route"  # a projection and residual, then the routing of the
-# sum: ProjectRoute
-ROUTE_INTO_EXPERTS = "route+experts"  # ProjectRoute, then the experts of its sum, residual
-# included: RouteExperts
+# The chains a table may name, in the order the binding pass looks for them; each runs as one
+# declaration (CHAINS), which binds a kernel where one computes it.
+NORM_INTO_PROJECTIONS = "norm+projections"
+"""An RMS norm read by projections of it alone (q/k/v; gate/up and their activation; a head; a
+router): Projections(norm=)."""
+NORM_INTO_EXPERTS = "norm+experts"
+"""An RMS norm the experts' gate/up reads: GateUp(norm=)."""
+ROUTER_INTO_ROUTE = "router+route"
+"""A router's projection read only by the routing: Route(router=)."""
+EXPERTS_CHAIN = "experts"
+"""The experts' gate/up read only by their down projections: DownCombine(gate_up=)."""
+RESIDUAL_INTO_PROJECTION = "residual"
+"""A projection's output added to a residual: Linear(residual=), DownCombine(residual=)."""
+PROJECTIONS_INTO_ATTENTION = "projections+attention"
+"""The q/k/v projections read only by the attention: ProjectAttend."""
+PROJECTION_INTO_PROJECTIONS = "projection+projections"
+"""A projection with its residual, then the projections of the sum: ChainedProjections."""
+PROJECTION_INTO_ROUTE = "projection+route"
+"""A projection with its residual, then the routing of the sum: ProjectRoute."""
+ROUTE_INTO_EXPERTS = "route+experts"
+"""ProjectRoute, then the experts of its sum with the sum as their residual: RouteExperts."""
 
 KINDS = (NORM_INTO_PROJECTIONS, NORM_INTO_EXPERTS, ROUTER_INTO_ROUTE, EXPERTS_CHAIN,
          RESIDUAL_INTO_PROJECTION, PROJECTIONS_INTO_ATTENTION, PROJECTION_INTO_PROJECTIONS,
