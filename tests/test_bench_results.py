@@ -84,7 +84,7 @@ def test_results_option_writes_a_named_file_the_tables_read(tmp_path: Path) -> N
     (saved,) = into.glob("*.json")
     report = json.loads(saved.read_text())
     assert saved.name == results_file.file_name(report)
-    assert "_tiny_bf16_p16_interleaved.json" in saved.name
+    assert "_tiny_bf16_p16-g8_interleaved.json" in saved.name
     assert "config" not in report["model"]
     table = results_file.interleaved_table([report])
     (row,) = table.splitlines()[2:]

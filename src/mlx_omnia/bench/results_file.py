@@ -95,7 +95,8 @@ def file_name(report: dict[str, Any]) -> str:
     parts = [
         str(env["date"])[:10], str(env.get("mlx_omnia_revision") or "unknown"),
         _slug(device_name(report)), str(report["model"].get("shape") or "dir"),
-        format_name(report["options"]), f"p{report['options']['prompt']}",
+        format_name(report["options"]),
+        f"p{report['options']['prompt']}-g{report['options']['generate']}",
         str(report["command"]),
     ]
     return "_".join(_slug(p) for p in parts) + ".json"
