@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-# Under pytest-xdist (the H200's CUDA tests: scripts/h200_run9.sh), each worker keeps its own MLX
-# kernel cache, OMNIA_TEST_PTX_CACHE/<worker>: MLX writes a cached kernel in place, so two
+# Under pytest-xdist (the CUDA tests on the lent GPU: scripts/device/run.sh cuda-tests), each
+# worker keeps its own MLX kernel cache, OMNIA_TEST_PTX_CACHE/<worker>: MLX writes a cached
+# kernel in place, so two
 # processes sharing one directory could load a file the other is still writing. Set before any
 # kernel is compiled (MLX reads it at its first compile).
 if os.environ.get("OMNIA_TEST_PTX_CACHE") and os.environ.get("PYTEST_XDIST_WORKER"):

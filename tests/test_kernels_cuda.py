@@ -362,7 +362,7 @@ def test_small_model_greedy_tokens_agree_with_the_reference(
     """A whole model whose every declaration binds a kernel, decoding through the compiled
     kernel step: greedy tokens agree with the core path's (assert_greedy_agrees), and on the
     prompt and three steps the logits stay within the fixed tolerance of the core path's (bf16:
-    also within 2 % of the largest logit). Measured on the H200 (scripts/h200_agree.py,
+    also within 2 % of the largest logit). Measured on the H200 (scripts/device/kernel_agreement.py,
     2026-12-03, worst of 32 steps): kernel vs core 1.4 % (bf16) and 3.0 % (4-bit g64); MLX's
     own CPU and GPU core paths differ by 3.5 % and 23.6 % (printed, not a bound)."""
 

@@ -10,7 +10,7 @@ The static offset is an int32 array of OFFSET_SLOTS copies of the offset, not a 
 CUDA allocator (0.32) serves arrays of 8 bytes or less from one pool of managed memory advised
 read-mostly, shared with every other scalar, so a kernel writing the next offset there
 invalidates the page and a read of an offset cost 3-7 us per layer (H200, 2026-12-03,
-scripts/h200_attention_trace.py). 16 bytes come from ordinary device-resident buffers."""
+scripts/device/attention_trace.py). 16 bytes come from ordinary device-resident buffers."""
 
 from __future__ import annotations
 

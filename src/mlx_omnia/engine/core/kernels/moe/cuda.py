@@ -221,7 +221,7 @@ def experts_blocks(spec: ExpertsSpec, rows: int = 1) -> int:
 
 # Output rows a warp of RouteExperts' down phase. 1: its 256 down blocks (Qwen3-30B-A3B) do not
 # fit beside the gate/up blocks (4 blocks an SM), and the last start only as gate/up blocks
-# end; 2 halves them (the same sums; scripts/h200_ab.py `down_two_rows` measures it).
+# end; 2 halves them (the same sums; scripts/device/kernel_ab.py `down_two_rows` measures it).
 ROUTE_EXPERTS_DOWN_ROWS = 1
 
 

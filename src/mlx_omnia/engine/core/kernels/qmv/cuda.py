@@ -42,7 +42,7 @@ class Launch:
     loop: int = 1       # sets of rows a block computes one after another, staging the input once
 
 
-# Launches the H200 sweep (scripts/h200_qmv_sweep.py) measures; tests/test_kernels_cuda.py checks
+# Launches the H200 sweep (scripts/device/qmv_sweep.py) measures; tests/test_kernels_cuda.py checks
 # every one against the core.
 CANDIDATES: tuple[Launch, ...] = (
     Launch(32, 1, 4, 2), Launch(32, 2, 4, 2), Launch(32, 4, 8, 2), Launch(32, 1, 8, 2),
