@@ -373,3 +373,22 @@ def test_a_cors_preflight_needs_no_key(long_model: Path) -> None:
         r = httpx.post(f"{server.url}/api/openai/v1/chat/completions", json=chat_body("tiny-long"),
                        headers={"Origin": origin}, timeout=DEADLINE)
         assert r.status_code == 401
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_429_carries_an_integer_retry_after(long_model: Path, stream: bool) -> None:
+    with live_server(Settings(max_queue=1), models=[long_model]) as server:
+        path, body = long_requests(stream=True)[0]
+        running = send_raw(server, path, body)
+        wait_for(lambda: completion_tokens(server) > 0, "the running stream to decode")
+        queued = send_raw(server, path, body)
+        wait_for(lambda: server.state.scheduler.depth == 1, "the queue to fill")
+        try:
+            for path, body in long_requests(stream):
+                r = httpx.post(f"{server.url}{path}", json=body, timeout=DEADLINE)
+                assert r.status_code == 429, (path, r.text)
+                assert r.headers.get("retry-after", "").isdigit(), (path, r.headers)
+                assert int(r.headers["retry-after"]) >= 1
+        finally:
+            queued.close()
+            running.close()

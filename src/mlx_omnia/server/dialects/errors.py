@@ -22,6 +22,10 @@ from mlx_omnia.server.errors import ApiError, Kind
 
 Dialect = Literal["openai", "anthropic", "gemini", "native"]
 
+# Seconds a client told "queue full" (429) waits before trying again: one answer's worth of a
+# short wait; the SDKs of all three APIs honour the header in their retries.
+RETRY_AFTER_S = 1
+
 OPENAI_TYPES: dict[Kind, str] = {
     "invalid_request": "invalid_request_error",
     "authentication": "authentication_error",
@@ -117,4 +121,6 @@ def error_response(
     status = error.status
     if dialect == "anthropic" and error.kind == "overloaded":
         status = 529  # Anthropic's own status for overloaded_error
+    if error.kind == "rate_limit":
+        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse(error_body(dialect, error), status_code=status, headers=headers)
