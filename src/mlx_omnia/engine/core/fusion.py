@@ -131,36 +131,42 @@ class Plan:
         self._compile()
 
     def __call__(self, *args: Any) -> Any:
-        values: list[Any] = [*args, *([None] * self._slots)]
-        for call, ins, names, outs in self._steps:
-            got = [values[i] if i >= 0 else v for i, v in ins]
-            n = len(got) - len(names)
-            out = call(*got[:n], **dict(zip(names, got[n:], strict=True)))
-            if isinstance(out, tuple):
-                for i, o in zip(outs, cast(tuple[Any, ...], out), strict=True):
-                    values[i] = o
-            else:
-                values[outs[0]] = out
-        got = tuple(values[i] if i >= 0 else v for i, v in self._result)
-        return got[0] if self.result.single else got
+        return self._run(*args)
 
     def _compile(self) -> None:
-        """Each value gets a slot: the inputs first, then every op's outputs in order."""
+        """The plan as one Python function, its steps straight-line code over local names (a
+        prefill builds the graph eagerly, once a chunk: interpreting a step list cost ~10 us a
+        layer of host time there). Inputs are `a[i]`, values `v<slot>`, constants `k<j>`."""
         slot = {id(t): i for i, t in enumerate(self.inputs)}
         for op in self.ops:
             for t in op.outputs:
                 slot[id(t)] = len(slot)
-        self._slots = len(slot) - len(self.inputs)
+        n_inputs = len(self.inputs)
+        names: dict[str, Any] = {}
 
-        def ref(v: object) -> tuple[int, object]:
-            return (slot[id(v)], None) if isinstance(v, Traced) else (-1, v)
+        def ref(v: object) -> str:
+            if isinstance(v, Traced):
+                i = slot[id(v)]
+                return f"a[{i}]" if i < n_inputs else f"v{i}"
+            name = f"k{len(names)}"
+            names[name] = v
+            return name
 
-        self._steps = [
-            (op.call, [ref(a) for a in op.inputs()], tuple(op.kwargs),
-             [slot[id(t)] for t in op.outputs])
-            for op in self.ops
-        ]
-        self._result = [ref(v) for v in self.result.values]
+        lines = ["def run(*a):"]
+        for j, op in enumerate(self.ops):
+            names[f"c{j}"] = op.call
+            args = [ref(x) for x in op.args] + [f"{k}={ref(x)}" for k, x in op.kwargs.items()]
+            outs = [f"v{slot[id(t)]}" for t in op.outputs]
+            lines.append(f"    r = c{j}({', '.join(args)})")
+            if len(outs) == 1:  # a call may hand back its one output as a 1-tuple
+                lines.append(f"    {outs[0]} = r[0] if type(r) is tuple else r")
+            else:
+                lines.append(f"    {', '.join(outs)}, = r")
+        result = [ref(v) for v in self.result.values]
+        lines.append(f"    return {result[0]}" if self.result.single
+                     else f"    return ({', '.join(result)},)")
+        exec("\n".join(lines), names)  # our own generated code, no input text
+        self._run: Callable[..., Any] = names["run"]
 
     def declarations(self) -> Iterator[Declaration]:
         """The chain declarations, in binding order: each op's, then the chains it names."""
