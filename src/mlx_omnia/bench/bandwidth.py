@@ -60,31 +60,10 @@ CUDA_COPY_SOURCE = """
     }}
     for (; i < n4; i += stride) st_{store}(d + i, ld_{load}(s + i));
 """
-# the same loads summed: one atomic add a warp (reads n bytes, writes one float)
-CUDA_READ_SOURCE = """
-    const unsigned long long n4 = {n4}ULL;
-    const float4* s = reinterpret_cast<const float4*>(src);
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    float acc = 0.f;
-    for (; i + {last} * stride < n4; i += {unroll} * stride) {{
-        float4 v[{unroll}];
-        #pragma unroll
-        for (int k = 0; k < {unroll}; ++k) v[k] = ld_{load}(s + i + k * stride);
-        #pragma unroll
-        for (int k = 0; k < {unroll}; ++k) acc += (v[k].x + v[k].y) + (v[k].z + v[k].w);
-    }}
-    for (; i < n4; i += stride) {{ float4 v = ld_{load}(s + i); acc += (v.x + v.y) + (v.z + v.w); }}
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0) atomicAdd(dst, acc);
-"""
-
-
 @dataclass(frozen=True)
 class CudaVariant:
-    """One CUDA memory kernel: copy or read, its loads/stores, loads in flight, launch shape."""
+    """One CUDA copy kernel: its loads and stores, loads in flight, launch shape."""
 
-    kind: str          # "copy" (bytes read + written) or "read" (bytes read)
     load: str          # plain, ldg (read-only cache path) or ldcs (streaming)
     store: str         # plain or stcs (streaming)
     unroll: int
@@ -93,18 +72,18 @@ class CudaVariant:
 
     @property
     def name(self) -> str:
-        return (f"cuda_{self.kind}_{self.load}_{self.store}_u{self.unroll}_"
+        return (f"cuda_copy_{self.load}_{self.store}_u{self.unroll}_"
                 f"{self.blocks_per_sm}x{self.threads}")
 
 
 CUDA_VARIANTS = (
-    CudaVariant("copy", "plain", "plain", 4, 8, 256),
-    CudaVariant("copy", "ldcs", "stcs", 4, 8, 256),
-    CudaVariant("copy", "ldcs", "stcs", 8, 4, 512),
-    CudaVariant("copy", "ldg", "plain", 8, 2, 1024),
+    CudaVariant("plain", "plain", 4, 8, 256),
+    CudaVariant("ldcs", "stcs", 4, 8, 256),
+    CudaVariant("ldcs", "stcs", 8, 4, 512),
+    CudaVariant("ldg", "plain", 8, 2, 1024),
 )
-# The float4 sums (kind "read", CUDA_READ_SOURCE) measured 120-217 GB/s on an H100 on
-# 2026-12-06, a tenth of the copies: something in them is wrong, so none runs until it is found.
+# float4 sums (one atomic add a warp) measured 120-217 GB/s on an H100 on 2026-12-06, a tenth of
+# the copies: something in them was wrong, so they were removed (in git history, 6336bd5).
 
 
 @dataclass(frozen=True)
@@ -162,11 +141,10 @@ def mlx_sum(nbytes: int, reps: int = 10) -> float:
 
 
 def cuda_kernel_bandwidth(variant: CudaVariant, nbytes: int, reps: int = 10) -> float:
-    """One CUDA memory kernel's bandwidth (mx.fast.cuda_kernel); a copy is checked to copy."""
+    """One CUDA copy kernel's bandwidth (mx.fast.cuda_kernel), checked to copy its input."""
     n4 = max(nbytes // 16, 1)
-    template = CUDA_COPY_SOURCE if variant.kind == "copy" else CUDA_READ_SOURCE
-    source = template.format(n4=n4, unroll=variant.unroll, last=variant.unroll - 1,
-                             load=variant.load, store=variant.store)
+    source = CUDA_COPY_SOURCE.format(n4=n4, unroll=variant.unroll, last=variant.unroll - 1,
+                                     load=variant.load, store=variant.store)
     kernel: Any = mx.fast.cuda_kernel(
         name=f"omnia_bench_{variant.name}_{n4}", input_names=["src"], output_names=["dst"],
         source=source, header=CUDA_HEADER, ensure_row_contiguous=True,
@@ -174,23 +152,21 @@ def cuda_kernel_bandwidth(variant: CudaVariant, nbytes: int, reps: int = 10) -> 
     a = mx.random.uniform(shape=(4 * n4,))
     evaluate(a)
     threads = _cuda_sm_count() * variant.blocks_per_sm * variant.threads
-    copy = variant.kind == "copy"
 
     def launch() -> mx.array:
         out = cast(list[mx.array], kernel(
-            inputs=[a], output_shapes=[a.shape if copy else (1,)], output_dtypes=[mx.float32],
+            inputs=[a], output_shapes=[a.shape], output_dtypes=[mx.float32],
             grid=(threads, 1, 1), threadgroup=(variant.threads, 1, 1),
-            **({} if copy else {"init_value": 0}),
         ))
         return out[0]
 
-    if copy and not bool(mx.array_equal(launch(), a).item()):
+    if not bool(mx.array_equal(launch(), a).item()):
         raise RuntimeError(f"{variant.name} did not copy its input")
 
     def run() -> None:
         evaluate(launch())
 
-    return (2 if copy else 1) * 16 * n4 / _median_time(run, reps)
+    return 2 * 16 * n4 / _median_time(run, reps)
 
 
 def host_copy(nbytes: int, reps: int = 10, threads: int | None = None) -> float:
