@@ -12,8 +12,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
+import openai
 import pytest
+from google import genai
+from google.genai import types
 
 from mlx_omnia.server.settings import Settings
 from tests.fixtures.tiny import write_tiny_llama
@@ -392,3 +396,71 @@ def test_every_429_carries_an_integer_retry_after(long_model: Path, stream: bool
         finally:
             queued.close()
             running.close()
+
+
+# The embedded SmolLM2 answers this greedily with "く" and then starts "わ" (b"\xe3\x82\x8f"): its
+# third token is the first two bytes of that character, so max_tokens=3 cuts it in half.
+CUT_QUESTION = "Write the Japanese word for cat in kanji."
+CUT_AT = 3
+CUT_ANSWER = "く"
+
+
+@pytest.fixture(scope="module")
+def smollm2_server() -> Iterator[LiveServer]:
+    with live_server(Settings()) as live:
+        yield live
+
+
+def openai_cut(url: str, stream: bool) -> str:
+    client = openai.OpenAI(base_url=f"{url}/api/openai/v1", api_key="x", max_retries=0)
+    messages: list[openai.types.chat.ChatCompletionMessageParam] = [
+        {"role": "user", "content": CUT_QUESTION}
+    ]
+    model = "smollm2-135m-instruct"
+    if not stream:
+        r = client.chat.completions.create(model=model, messages=messages, max_tokens=CUT_AT,
+                                           temperature=0)
+        assert r.choices[0].finish_reason == "length"
+        return r.choices[0].message.content or ""
+    chunks = client.chat.completions.create(model=model, messages=messages, max_tokens=CUT_AT,
+                                            temperature=0, stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def anthropic_cut(url: str, stream: bool) -> str:
+    client = anthropic.Anthropic(base_url=f"{url}/api/anthropic", api_key="x", max_retries=0)
+    model = "smollm2-135m-instruct"
+    greedy = {"temperature": 0.0}  # anthropic>=2 takes sampling fields through extra_body
+    messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": CUT_QUESTION}]
+    if not stream:
+        r = client.messages.create(model=model, max_tokens=CUT_AT, messages=messages,
+                                   extra_body=greedy)
+        assert r.stop_reason == "max_tokens"
+        return "".join(b.text for b in r.content if b.type == "text")
+    with client.messages.stream(model=model, max_tokens=CUT_AT, messages=messages,
+                                extra_body=greedy) as s:
+        text = "".join(s.text_stream)
+        assert s.get_final_message().stop_reason == "max_tokens"
+        return text
+
+
+def gemini_cut(url: str, stream: bool) -> str:
+    client = genai.Client(
+        api_key="x", http_options=types.HttpOptions(base_url=f"{url}/api/gemini", api_version="v1beta")
+    )
+    config = types.GenerateContentConfig(max_output_tokens=CUT_AT, temperature=0)
+    model = "smollm2-135m-instruct"
+    if not stream:
+        return client.models.generate_content(model=model, contents=CUT_QUESTION, config=config).text or ""
+    chunks = client.models.generate_content_stream(model=model, contents=CUT_QUESTION, config=config)
+    return "".join(c.text or "" for c in chunks)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("ask", [openai_cut, anthropic_cut, gemini_cut])
+def test_an_answer_cut_inside_a_character_ends_at_the_last_whole_one(
+    smollm2_server: LiveServer, ask: Callable[[str, bool], str], stream: bool
+) -> None:
+    text = ask(smollm2_server.url, stream)
+    assert "\ufffd" not in text
+    assert text == CUT_ANSWER

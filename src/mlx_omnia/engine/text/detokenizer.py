@@ -42,8 +42,11 @@ class IncrementalDecoder:
         return ""
 
     def flush(self) -> str:
-        """Whatever is still held back (an incomplete character becomes U+FFFD)."""
+        """Whatever is still held back, up to its last whole character: an answer cut inside a
+        character (max_tokens, or an end token after part of one) stops before it rather than
+        ending in U+FFFD. (A U+FFFD the model spelled out whole at the very end is dropped too:
+        decoded text cannot tell it from a partial character's.)"""
         done = self._decode(self._ids[self._prefix : self._read])
         full = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
-        return full[len(done) :]
+        return full[len(done) :].rstrip(REPLACEMENT)
