@@ -87,6 +87,16 @@ def test_checkpoint_max_new_tokens_and_context_bound_generation(tiny: Model) -> 
     assert done.finish_reason == "length" and done.usage.completion_tokens == 4
 
 
+def test_max_tokens_is_at_most_the_context_and_clamped_after_the_prompt(tiny: Model) -> None:
+    context = tiny.signature.context_length
+    with pytest.raises(InvalidOptionsError, match=f"at most {context} .the model's context length"):
+        tiny.stream("Hello", GenerationOptions(max_tokens=context + 1))
+    # Up to the context, it is taken: the answer stops when the context is full.
+    prompt = tiny.encode("Hello")
+    done = tiny.generate("Hello", GenerationOptions(max_tokens=context, context_limit=len(prompt) + 3))
+    assert done.finish_reason == "length" and done.usage.completion_tokens == 3
+
+
 # -- stop strings and stop tokens ----------------------------------------------------------------
 
 

@@ -301,6 +301,95 @@ def test_a_malformed_checkpoint_is_a_clean_4xx_on_a_kept_alive_connection(
                 assert "cannot be loaded" in message
 
 
+SHORT_CONTEXT = 48  # tokens: the tiny model's whole context, so a clamped answer ends quickly
+
+
+@pytest.fixture(scope="module")
+def short_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    path = write_tiny_llama(
+        tmp_path_factory.mktemp("hard") / "tiny-short", max_position_embeddings=SHORT_CONTEXT
+    )
+    with live_server(Settings(), models=[path]) as live:
+        yield live
+
+
+def ask_tokens(server: LiveServer, dialect: str, field: str, max_tokens: int) -> httpx.Response:
+    """One greedy request in `dialect` whose answer may run `max_tokens` (sent as `field`)."""
+    chat = [{"role": "user", "content": "go on"}]
+    if dialect == "gemini":
+        path = "/api/gemini/v1beta/models/tiny-short:generateContent"
+        body: dict[str, object] = {
+            "contents": [{"role": "user", "parts": [{"text": "go on"}]}],
+            "generationConfig": {field: max_tokens, "temperature": 0},
+        }
+    elif dialect == "anthropic":
+        path = "/api/anthropic/v1/messages"
+        body = {"model": "tiny-short", field: max_tokens, "temperature": 0, "messages": chat}
+    elif dialect == "responses":
+        path = "/api/openai/v1/responses"
+        body = {"model": "tiny-short", field: max_tokens, "temperature": 0, "input": "go on"}
+    elif dialect == "completions":
+        path = "/api/openai/v1/completions"
+        body = {"model": "tiny-short", field: max_tokens, "temperature": 0, "prompt": "go on",
+                "logit_bias": NO_EOS}
+    else:
+        path = "/api/openai/v1/chat/completions"
+        body = {"model": "tiny-short", field: max_tokens, "temperature": 0, "messages": chat,
+                "logit_bias": NO_EOS}
+    return httpx.post(f"{server.url}{path}", json=body, timeout=DEADLINE)
+
+
+MAX_TOKEN_FIELDS = [
+    ("openai", "max_tokens"), ("openai", "max_completion_tokens"), ("completions", "max_tokens"),
+    ("responses", "max_output_tokens"), ("anthropic", "max_tokens"), ("gemini", "maxOutputTokens"),
+]
+
+
+@pytest.mark.parametrize("huge", [10**12, 2**70, SHORT_CONTEXT + 1])
+@pytest.mark.parametrize(("dialect", "field"), MAX_TOKEN_FIELDS)
+def test_max_tokens_beyond_the_context_is_refused_in_the_dialects_shape(
+    short_server: LiveServer, dialect: str, field: str, huge: int
+) -> None:
+    r = ask_tokens(short_server, dialect, field, huge)
+    assert r.status_code == 400, r.text
+    error = r.json()
+    if dialect == "anthropic":
+        assert error["type"] == "error"
+        assert error["error"]["type"] == "invalid_request_error"
+    elif dialect == "gemini":
+        assert error["error"]["status"] == "INVALID_ARGUMENT"
+    else:
+        assert error["error"]["type"] == "invalid_request_error"
+        assert error["error"]["param"] == field
+    message = error["error"]["message"]
+    sent_as = "generationConfig.maxOutputTokens" if dialect == "gemini" else field
+    assert message == f"{sent_as} must be at most {SHORT_CONTEXT} (the model's context length)"
+
+
+@pytest.mark.parametrize(("dialect", "field"), MAX_TOKEN_FIELDS)
+def test_max_tokens_past_the_prompt_stops_when_the_context_is_full(
+    short_server: LiveServer, dialect: str, field: str
+) -> None:
+    r = ask_tokens(short_server, dialect, field, SHORT_CONTEXT)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    if dialect == "anthropic":
+        used = answer["usage"]["input_tokens"] + answer["usage"]["output_tokens"]
+        done = answer["stop_reason"] == "max_tokens"
+    elif dialect == "gemini":
+        meta = answer["usageMetadata"]
+        used = meta["promptTokenCount"] + meta["candidatesTokenCount"]
+        done = answer["candidates"][0]["finishReason"] == "MAX_TOKENS"
+    elif dialect == "responses":
+        used = answer["usage"]["total_tokens"]
+        done = answer["status"] == "incomplete"
+    else:
+        used = answer["usage"]["total_tokens"]
+        done = answer["choices"][0]["finish_reason"] == "length"
+    assert done  # cut by the context (the end token is banned or never comes greedily)
+    assert used == SHORT_CONTEXT
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__()

@@ -123,7 +123,7 @@ class Model:
         self.signature = Signature(
             inputs=frozenset({"text"}),
             outputs=frozenset({"text"}),
-            options=generation_options(self._vocab_rows()),
+            options=generation_options(self._vocab_rows(), context_length),
             context_length=context_length,
         )
 

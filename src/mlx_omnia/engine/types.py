@@ -78,11 +78,12 @@ class Bounds:
 
 def _option(
     *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-    token_ids: bool = False,
+    token_ids: bool = False, tokens: bool = False,
 ) -> dict[str, Any]:
     """A GenerationOptions field's metadata: the bounds of its values; `token_ids`: the items (or
-    keys) are token ids, bounded by the model's vocabulary."""
-    return {"bounds": Bounds(ge=ge, gt=gt, le=le), "token_ids": token_ids}
+    keys) are token ids, bounded by the model's vocabulary; `tokens`: the value counts tokens,
+    at most the model's context length."""
+    return {"bounds": Bounds(ge=ge, gt=gt, le=le), "token_ids": token_ids, "tokens": tokens}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +93,9 @@ class GenerationOptions:
 
     Each field's type and metadata say what it takes; a model's Signature is derived from them."""
 
-    max_tokens: int | None = field(default=None, metadata=_option(ge=0))
+    # At most the model's context length (no answer can be longer); an answer that would not
+    # fit after the prompt stops when the context is full (finish_reason "length").
+    max_tokens: int | None = field(default=None, metadata=_option(ge=0, tokens=True))
     temperature: float | None = field(default=None, metadata=_option(ge=0.0))  # 0: greedy
     top_p: float | None = field(default=None, metadata=_option(gt=0.0, le=1.0))
     top_k: int | None = field(default=None, metadata=_option(ge=0))  # 0: no top-k
@@ -128,6 +131,7 @@ class OptionSpec:
     bounds: Bounds = Bounds()
     token_ids: bool = False
     vocab_size: int | None = None
+    why_le: str = ""  # what the upper bound is, said when a value passes it
 
     def within(self, bounds: Bounds) -> OptionSpec:
         """This option under tighter bounds (an API's own limits)."""
@@ -169,6 +173,8 @@ class OptionSpec:
             or (b.gt is not None and x <= b.gt)
             or (b.le is not None and x > b.le)
         ):
+            if self.why_le and b.le is not None and x > b.le:
+                raise self._error(f"{whose}must be at most {_num(b.le)} ({self.why_le})")
             which = "" if key is None else f" (token {key} has {_num(x)})"
             raise self._error(f"{whose}must be {self._range()}{which}")
 
@@ -215,7 +221,9 @@ def _num(x: float) -> str:
     return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
 
 
-def _spec(f: Field[Any], hint: object, vocab_size: int | None) -> OptionSpec:
+def _spec(
+    f: Field[Any], hint: object, vocab_size: int | None, context_length: int | None
+) -> OptionSpec:
     if isinstance(hint, UnionType):  # `X | None`: None is the field's "not set"
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -226,21 +234,33 @@ def _spec(f: Field[Any], hint: object, vocab_size: int | None) -> OptionSpec:
     elif origin is Sequence:
         shape, kind = "sequence", args[0]
     assert kind in _NOUNS, f"GenerationOptions.{f.name}: a type the option specs cannot check"
+    bounds: Bounds = f.metadata.get("bounds", Bounds())
+    why_le = ""
+    if f.metadata.get("tokens", False) and context_length is not None:
+        bounds = bounds.within(Bounds(le=context_length))
+        why_le = "the model's context length"
     return OptionSpec(
         f.name,
         cast(type, kind),
         shape,
-        f.metadata.get("bounds", Bounds()),
+        bounds,
         bool(f.metadata.get("token_ids", False)),
         vocab_size,
+        why_le,
     )
 
 
-def generation_options(vocab_size: int | None = None) -> dict[str, OptionSpec]:
+def generation_options(
+    vocab_size: int | None = None, context_length: int | None = None
+) -> dict[str, OptionSpec]:
     """Every GenerationOptions field's spec, from its type and metadata; token ids bounded by
-    `vocab_size` when given (a model's Signature), else only by 0."""
+    `vocab_size` and token counts by `context_length` when given (a model's Signature), else
+    token ids only by 0 and counts not at all."""
     hints = typing.get_type_hints(GenerationOptions)
-    return {f.name: _spec(f, hints[f.name], vocab_size) for f in fields(GenerationOptions)}
+    return {
+        f.name: _spec(f, hints[f.name], vocab_size, context_length)
+        for f in fields(GenerationOptions)
+    }
 
 
 def _unset(f: Field[Any], value: object) -> bool:

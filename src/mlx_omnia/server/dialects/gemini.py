@@ -311,7 +311,7 @@ def _model_entry(model_id: str, model: Model | None) -> dict[str, Any]:
         d = model.defaults
         entry.update({
             "inputTokenLimit": limit,
-            "outputTokenLimit": d.max_new_tokens or limit,
+            "outputTokenLimit": limit,  # maxOutputTokens above it is refused
             "temperature": d.temperature if d.do_sample else 0.0,
             "maxTemperature": 2.0,
             "topP": d.top_p if d.do_sample else 1.0,
