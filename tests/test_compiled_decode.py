@@ -15,7 +15,8 @@ from mlx_omnia.engine.generate.loop import CompiledStep, prefill
 def tiny(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from tests.fixtures.tiny import write_tiny_llama
 
-    return load(write_tiny_llama(tmp_path_factory.mktemp("compiled")))
+    # A 512-token context, so a generation can outgrow the 256-slot buffer (StaticKVCache.step).
+    return load(write_tiny_llama(tmp_path_factory.mktemp("compiled"), max_position_embeddings=512))
 
 
 def test_compiled_steps_match_eager_logits_across_buffer_growth(tiny) -> None:  # type: ignore[no-untyped-def]

@@ -356,7 +356,7 @@ def test_context_fills_up_with_length(tiny) -> None:
         (GenerationOptions(top_k=-1), "top_k must be >= 0"),
         (GenerationOptions(min_p=1.5), r"min_p must be in \[0, 1\]"),
         (GenerationOptions(repetition_penalty=0.0), "repetition_penalty must be > 0"),
-        (GenerationOptions(max_tokens=-1), "max_tokens must be >= 0"),
+        (GenerationOptions(max_tokens=-1), "max_tokens must be between 0 and 256"),
         (GenerationOptions(context_limit=0), "context_limit must be > 0"),
         (
             GenerationOptions(logit_bias={10_000: 5.0}),
