@@ -10,6 +10,7 @@ import select
 import socket
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anthropic
@@ -543,6 +544,42 @@ def gemini_cut(url: str, stream: bool) -> str:
         return client.models.generate_content(model=model, contents=CUT_QUESTION, config=config).text or ""
     chunks = client.models.generate_content_stream(model=model, contents=CUT_QUESTION, config=config)
     return "".join(c.text or "" for c in chunks)
+
+
+BIG_PROMPT = "word " * (5 * 1024 * 1024 // 5)  # 5 MB: over a million tokens, under --max-body
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/openai/v1/chat/completions",
+         {"model": "smollm2-135m-instruct", "max_tokens": 1,
+          "messages": [{"role": "user", "content": BIG_PROMPT}]}),
+        ("/api/anthropic/v1/messages/count_tokens",
+         {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": BIG_PROMPT}]}),
+    ],
+)
+def test_health_answers_while_a_huge_prompt_is_tokenized(
+    smollm2_server: LiveServer, path: str, body: dict[str, object]
+) -> None:
+    url = smollm2_server.url
+    start = time.monotonic()
+    big = ThreadPoolExecutor(1).submit(httpx.post, f"{url}{path}", json=body, timeout=300)
+    slowest = 0.0
+    with httpx.Client(timeout=300) as client:
+        while not big.done():
+            asked = time.monotonic()
+            assert client.get(f"{url}/admin/health").status_code == 200
+            slowest = max(slowest, time.monotonic() - asked)
+            time.sleep(0.02)
+    took = time.monotonic() - start
+    answer = big.result()
+    # Over a million tokens: the chat is refused for the context, the count is given.
+    assert answer.status_code in (200, 400), answer.text
+    assert "1048" in answer.text
+    # Tokenizing takes seconds; a blocked event loop answers health only at its end. (Relative
+    # to the request's own time, so a loaded machine slows both.)
+    assert slowest < took / 4, (slowest, took)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -100,7 +100,9 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Tokenize raw text as HF's `tokenizer(text)` does."""
-        ids = list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        # encode_batch, not encode: tokenizers' `encode` keeps the GIL for its whole run (seconds
+        # on a prompt of megabytes, while a server's event loop waits), `encode_batch` lets it go.
+        ids = list(self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
         if add_special_tokens:
             bos = self.bos_token_id
             if self.add_bos_token and bos is not None and (not ids or ids[0] != bos):
