@@ -90,6 +90,23 @@ def test_an_api_narrows_the_bounds_it_allows() -> None:
         stop.check(["a", "b", "c"])
 
 
+def test_bounds_say_themselves_in_json_schema() -> None:
+    """What an API's OpenAPI schema documents of an option is what `check` enforces."""
+    specs = generation_options()
+    assert specs["temperature"].within(Bounds(le=2.0)).json_schema() == {
+        "minimum": 0.0, "maximum": 2.0
+    }
+    assert specs["top_p"].json_schema() == {"exclusiveMinimum": 0.0, "maximum": 1.0}
+    assert specs["max_tokens"].within(Bounds(ge=1)).json_schema() == {"minimum": 1}
+    assert specs["stop"].within(Bounds(max_items=4, nonempty=True)).json_schema() == {
+        "maxItems": 4, "items": {"minLength": 1}
+    }
+    assert specs["logit_bias"].within(Bounds(ge=-100, le=100)).json_schema() == {
+        "additionalProperties": {"minimum": -100, "maximum": 100}
+    }
+    assert specs["stop_token_ids"].json_schema() == {}
+
+
 def test_checkpoint_defaults_out_of_range_are_left_out() -> None:
     defaults = GenerationDefaults.from_dict(
         {"do_sample": True, "temperature": -1, "top_p": 0, "top_k": 50.0, "min_p": 0.05,

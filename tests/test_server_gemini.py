@@ -359,7 +359,8 @@ def test_raw_snake_case_and_json_array_stream(server: LiveServer) -> None:
          400, "stopSequences"),
         (f"models/{MODEL}:countTokens", {"contents": [{"parts": [{"text": "hi"}]}], "extra": True}, 400, "extra"),
         (f"models/{MODEL}:embedContent", {}, 404, "embedContent"),
-        (f"models/{MODEL}", {}, 404, "method"),
+        (f"models/{MODEL}", {}, 405, "use GET"),  # a model is a GET resource; methods take ':'
+
     ],
 )
 def test_raw_errors_in_gemini_shape(

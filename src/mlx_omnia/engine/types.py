@@ -187,6 +187,26 @@ class OptionSpec:
             return isinstance(value, numbers.Integral)
         return math.isfinite(value)
 
+    def json_schema(self) -> dict[str, object]:
+        """The bounds as JSON Schema keywords (an API's documentation of what `check` takes): on
+        the value itself, or on a list's items or a mapping's values. Types are the API's own."""
+        b = self.bounds
+        one: dict[str, object] = {}
+        for key, bound in (("minimum", b.ge), ("exclusiveMinimum", b.gt), ("maximum", b.le)):
+            if bound is not None:
+                one[key] = int(bound) if self.type is int else bound
+        if b.nonempty:
+            one["minLength"] = 1
+        if self.shape == "value":
+            return one
+        count, inner = ("maxItems", "items") if self.shape == "sequence" else (
+            "maxProperties", "additionalProperties"
+        )
+        many: dict[str, object] = {} if b.max_items is None else {count: b.max_items}
+        if one and not (self.token_ids and self.shape == "sequence"):  # items: ids, not values
+            many[inner] = one
+        return many
+
     def _token(self, key: object) -> None:
         if isinstance(key, bool) or not isinstance(key, numbers.Integral):
             raise self._error(self._kind())

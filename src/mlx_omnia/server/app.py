@@ -12,12 +12,20 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 
 from mlx_omnia import OmniaError
 from mlx_omnia.server import admin, webapp
 from mlx_omnia.server.dialects import anthropic, gemini, openai
-from mlx_omnia.server.dialects.errors import dialect_of, error_response, from_engine
+from mlx_omnia.server.dialects.errors import (
+    dialect_of,
+    error_response,
+    error_responses,
+    from_engine,
+)
 from mlx_omnia.server.errors import ApiError, Kind
 from mlx_omnia.server.limits import BodyLimit
 from mlx_omnia.server.logs import redact_access_log
@@ -116,13 +124,16 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
             401: "authentication", 404: "not_found", 405: "method_not_allowed", 413: "too_large"
         }
         message = str(exc.detail)
-        allow = (exc.headers or {}).get("Allow")
-        if exc.status_code == 405 and allow:
+        headers = exc.headers
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route on the path; say them all.
+            allow = ", ".join(_methods_on(app, request.scope))
+            headers = {**(headers or {}), "Allow": allow}
             message = f"{request.method} is not allowed on {request.url.path}; use {allow}"
         return error_response(
             dialect_of(request.url.path),
             ApiError(kind.get(exc.status_code, "invalid_request"), message),
-            exc.headers,
+            headers,
         )
 
     @app.exception_handler(json.JSONDecodeError)
@@ -132,9 +143,41 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
         )
 
     metrics.install(app)  # after the guard: outermost, so refusals are counted too
-    app.include_router(admin.router)
-    app.include_router(openai.router, prefix="/api/openai/v1")
-    app.include_router(anthropic.router, prefix="/api/anthropic/v1")
-    app.include_router(gemini.router, prefix="/api/gemini/v1beta")
+    app.include_router(admin.router, responses=error_responses("native"))
+    app.include_router(openai.router, prefix="/api/openai/v1", responses=error_responses("openai"))
+    app.include_router(
+        anthropic.router, prefix="/api/anthropic/v1", responses=error_responses("anthropic")
+    )
+    app.include_router(
+        gemini.router, prefix="/api/gemini/v1beta", responses=error_responses("gemini")
+    )
     app.include_router(webapp.router)
+    app.openapi = lambda: _schema(app)
     return app
+
+
+def _methods_on(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods some route takes on the path of `scope` (a request's)."""
+    return [
+        method
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
+        if any(
+            route.matches({**scope, "method": method})[0] == Match.FULL
+            for route in app.router.routes
+        )
+    ]
+
+
+def _schema(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's OpenAPI schema, less the 422 it documents for invalid requests: those answer
+    400 in the dialect's own shape (validation_error above), documented on each route."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+        schemas = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -183,7 +183,7 @@ class Metrics:
         _ = count
 
 
-_PARAM = re.compile(r"{([A-Za-z_][A-Za-z0-9_]*)(:[A-Za-z]+)?}")
+_PARAM = re.compile(r"{([A-Za-z_][A-Za-z0-9_]*)(:[A-Za-z_]+)?}")
 
 
 def _route(app: FastAPI, request: Request) -> str:

@@ -5,15 +5,22 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal, cast
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TextPart
+from mlx_omnia.server.dialects.common import (
+    STREAMED,
+    model_ids,
+    new_id,
+    refuse_unknown,
+    sse,
+    text_part,
+)
 from mlx_omnia.server.dialects.common import Request as Body
-from mlx_omnia.server.dialects.common import model_ids, new_id, refuse_unknown, sse
 from mlx_omnia.server.dialects.errors import error_body
-from mlx_omnia.server.dialects.generation import Options
+from mlx_omnia.server.dialects.generation import Options, documented
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
@@ -51,21 +58,43 @@ class _Strict(Body):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+_BLOCKS: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {
+                **text_part(["text"], cache_control={}, citations={"enum": [None, []]}),
+                "additionalProperties": False,
+            },
+        },
+    ]
+}
+MESSAGE: dict[str, Any] = {
+    "type": "object",
+    "properties": {"role": {"enum": ["user", "assistant"]}, "content": _BLOCKS},
+    "required": ["role", "content"],
+    "additionalProperties": False,
+}
+
+
 class CountTokensRequest(_Strict):
     model: str
-    messages: list[dict[str, Any]]
-    system: str | list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] = Field(json_schema_extra={"minItems": 1, "items": MESSAGE})
+    system: str | list[dict[str, Any]] | None = Field(
+        None, json_schema_extra={"anyOf": [*_BLOCKS["anyOf"], {"type": "null"}]}
+    )
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    max_tokens: int = Field(json_schema_extra=documented("max_tokens", LIMITS))
+    stop_sequences: list[str] | None = Field(None, json_schema_extra=documented("stop", LIMITS))
+    temperature: float | None = Field(None, json_schema_extra=documented("temperature", LIMITS))
+    top_p: float | None = Field(None, json_schema_extra=documented("top_p", LIMITS))
+    top_k: int | None = Field(None, json_schema_extra=documented("top_k", LIMITS))
     stream: bool = False
     metadata: dict[str, Any] | None = None
 
@@ -103,7 +132,7 @@ def _text_blocks(content: Any, where: str) -> str | list[TextPart]:
                     f"{at}.{key}: field is not supported by this server",
                     f"{at}.{key}",
                 )
-        if block.get("citations"):
+        if block.get("citations") not in (None, []):
             raise ApiError(
                 "invalid_request", f"{at}.citations: citations are not supported", f"{at}.citations"
             )
@@ -221,7 +250,7 @@ async def _count(state: ServerState, model_id: str, chat: Chat) -> int:
     return await state.with_model(model_id, lambda model: len(model.encode(chat)))
 
 
-@router.post("/messages", response_model=None)
+@router.post("/messages", response_model=None, responses=STREAMED)
 async def messages(request: Request, body: MessagesRequest) -> JSONResponse | StreamingResponse:
     refuse_unknown(body, HARMLESS)
     state = state_of(request)
@@ -324,14 +353,19 @@ def _model_info(model_id: str) -> dict[str, Any]:
 
 @router.get("/models")
 async def list_models(
-    request: Request, limit: int = 20, after_id: str | None = None, before_id: str | None = None
+    request: Request,
+    limit: int = Query(20, json_schema_extra={"minimum": 1, "maximum": 1000}),
+    after_id: str | None = None,
+    before_id: str | None = None,
 ) -> dict[str, Any]:
+    """A page of the models (`after_id` / `before_id`: a listed model's id; empty: no cursor)."""
     if not 1 <= limit <= 1000:
         raise ApiError("invalid_request", "limit: must be between 1 and 1000", "limit")
     ids = model_ids(state_of(request))
-    for cursor in (after_id, before_id):
+    after_id, before_id = after_id or None, before_id or None
+    for name, cursor in (("after_id", after_id), ("before_id", before_id)):
         if cursor is not None and cursor not in ids:
-            raise ApiError("invalid_request", f"no model {cursor!r} to page from", "after_id")
+            raise ApiError("invalid_request", f"{name}: no model {cursor!r} to page from", name)
     if after_id is not None:
         rest = ids[ids.index(after_id) + 1 :]
         page, has_more = rest[:limit], len(rest) > limit

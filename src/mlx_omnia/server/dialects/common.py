@@ -21,6 +21,31 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+# One server-sent event (its schema describes each event of a text/event-stream, as OpenAPI
+# 3.2's itemSchema does): the JSON text of `data`, named by `event` in some dialects.
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+    "required": ["data"],
+}
+# A route that answers with server-sent events when the request asks for a stream.
+STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The answer; with stream: true, its server-sent events.",
+        "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    }
+}
+
+
+def text_part(kinds: list[str], **more: dict[str, Any]) -> dict[str, Any]:
+    """The schema of a text content part whose `type` is one of `kinds`."""
+    return {
+        "type": "object",
+        "properties": {"type": {"enum": kinds}, "text": {"type": "string"}, **more},
+        "required": ["type", "text"],
+    }
+
+
 def refuse_unknown(body: BaseModel, harmless: Iterable[str] = ()) -> None:
     """400 naming the first field the server does not honour and that could change the output."""
     allowed = set(harmless)

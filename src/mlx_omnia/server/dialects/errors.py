@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from mlx_omnia import (
     ChatTemplateError,
@@ -113,6 +114,77 @@ def error_body(dialect: Dialect, error: ApiError) -> dict[str, object]:
             "error": {"code": error.status, "message": error.message, "status": GEMINI_STATUS[error.kind]}
         }
     return {"error": {"type": error.kind, "message": error.message}}
+
+
+# -- the error shapes, as the OpenAPI schema documents them --------------------------------------
+
+
+class _OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    error: _OpenAIErrorDetail
+
+
+class _TypedMessage(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    type: Literal["error"]
+    error: _TypedMessage
+
+
+class _GeminiErrorDetail(BaseModel):
+    code: int
+    message: str
+    status: str
+
+
+class GeminiError(BaseModel):
+    error: _GeminiErrorDetail
+
+
+class NativeError(BaseModel):
+    error: _TypedMessage
+
+
+ERROR_MODELS: dict[Dialect, type[BaseModel]] = {
+    "openai": OpenAIError, "anthropic": AnthropicError, "gemini": GeminiError, "native": NativeError
+}
+_WHEN = {
+    400: "The request is not valid (its body, a field, an option out of bounds, the input too long).",
+    401: "The server has an API key and the request did not present it.",
+    404: "No such model (or other resource) here.",
+    405: "The path takes other methods, which Allow names (a path parameter that is not valid "
+    "can make it another route's path).",
+    413: "The request body is over the server's limit.",
+    429: "The server's queue is full: try again after Retry-After seconds.",
+    500: "The server failed.",
+    503: "The model cannot be had now (a download failed).",
+}
+
+
+def error_responses(dialect: Dialect) -> dict[int | str, dict[str, Any]]:
+    """The error answers a dialect's routes may give, for their OpenAPI documentation (FastAPI's
+    `responses`), each in the dialect's own shape."""
+    out: dict[int | str, dict[str, Any]] = {
+        status: {"model": ERROR_MODELS[dialect], "description": why} for status, why in _WHEN.items()
+    }
+    out[405]["headers"] = {
+        "Allow": {"description": "The path's methods.", "schema": {"type": "string"}}
+    }
+    out[429]["headers"] = {
+        "Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}
+    }
+    if dialect == "anthropic":
+        out[529] = {**out.pop(503), "description": "Overloaded: " + _WHEN[503]}
+    return out
 
 
 def error_response(

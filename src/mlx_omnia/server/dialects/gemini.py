@@ -3,8 +3,7 @@
 Routes: GET /models, GET /models/{model}, POST /models/{model}:generateContent,
 POST /models/{model}:streamGenerateContent (SSE with ?alt=sse, else a streamed JSON array) and
 POST /models/{model}:countTokens. A model id may hold a slash (a hub repo id such as
-"acme/tiny"), so the POST route takes the whole rest of the path and splits the method off at
-the last ':'.
+"acme/tiny"): the path up to the method's ':' is the model.
 
 Field names are lowerCamelCase on the wire; snake_case spellings (which Google's JSON parser
 also accepts) are read as their camelCase twins. A null field counts as absent."""
@@ -12,21 +11,45 @@ also accepts) are read as their camelCase twins. A null field counts as absent."
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.convertors import Convertor, register_url_convertor
 
 from mlx_omnia import Bounds, Chat, ChatMessage, Model, TextPart, TokenLogprob
-from mlx_omnia.server.dialects.common import model_ids, sse, token_text
+from mlx_omnia.server.dialects.common import SSE_EVENT, model_ids, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
-from mlx_omnia.server.dialects.generation import Options, Stream
+from mlx_omnia.server.dialects.generation import Options, Stream, documented
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
+
+class _ModelName(Convertor[str]):
+    """A model in a path: it may hold '/' (a hub id), never ':' (which starts a method)."""
+
+    regex = "[^:]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+class _MethodPath(_ModelName):
+    """A model and a method after its ':', for the answer to a method that does not exist."""
+
+    regex = "[^:]*:.*"
+
+
+register_url_convertor("gemini_model", _ModelName())
+MODEL_NAME: dict[str, Any] = {"pattern": "^[^:]+$"}  # the OpenAPI schema's word for the same
+register_url_convertor("gemini_method", _MethodPath())
 router = APIRouter()
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
@@ -51,6 +74,8 @@ NUMBERS = {
     "frequencyPenalty": "frequency_penalty",
 }
 INTEGERS = {"topK": "top_k", "maxOutputTokens": "max_tokens", "seed": "seed"}
+# An integer written as a string (Google's JSON parser takes int64 so); ASCII digits only.
+INT_STRING = "-?[0-9]+"
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 
@@ -95,7 +120,7 @@ def _int(value: object, where: str) -> int:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and re.fullmatch(INT_STRING, value):
         return int(value)
     raise _bad(f"{where} must be an integer", where)
 
@@ -332,7 +357,7 @@ async def list_models(
     size = DEFAULT_PAGE_SIZE if not page_size or page_size <= 0 else min(page_size, MAX_PAGE_SIZE)
     start = 0
     if page_token:
-        if not page_token.isdigit():
+        if not re.fullmatch("[0-9]+", page_token):
             raise _bad("pageToken is not valid", "pageToken")
         start = int(page_token)
     page = ids[start : start + size]
@@ -340,13 +365,6 @@ async def list_models(
     if start + size < len(ids):
         out["nextPageToken"] = str(start + size)
     return out
-
-
-@router.get("/models/{name:path}")
-async def get_model(request: Request, name: str) -> dict[str, Any]:
-    state = state_of(request)
-    model_id = _model_id(state, name)
-    return await _with_model(state, model_id, lambda m: _model_entry(model_id, m))
 
 
 # -- generation --------------------------------------------------------------------------------
@@ -396,40 +414,180 @@ def _response(
     return out
 
 
-@router.post("/models/{rest:path}", response_model=None)
-async def model_method(request: Request, rest: str) -> JSONResponse | StreamingResponse:
-    model_name, sep, method = rest.rpartition(":")
-    if not sep or method not in METHODS:
-        raise ApiError(
-            "not_found",
-            f"unknown method {method!r}: use one of {', '.join(METHODS)}" if sep
-            else "the path must end in ':<method>'",
-        )
+# -- the POST methods' OpenAPI documentation (what the parsing above takes; a null member counts
+# as absent, an integer may come as a string, snake_case names are read as camelCase) ----------
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _integer(option: str | None = None, **bounds: int) -> dict[str, Any]:
+    numeric = {"type": "integer", **(documented(option, LIMITS) if option else {}), **bounds}
+    return _nullable({"anyOf": [numeric, {"type": "string", "pattern": f"^{INT_STRING}$"}]})
+
+
+def _number(option: str) -> dict[str, Any]:
+    return _nullable({"type": "number", **documented(option, LIMITS)})
+
+
+_PART: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "text": {"type": "string"},
+        "thought": {"enum": [False, None]},
+        "thoughtSignature": _nullable({"type": "string"}),
+    },
+    "required": ["text"],
+}
+_CONTENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "role": _nullable({"enum": ["", "user", "model"]}),
+        "parts": {"type": "array", "items": _PART, "minItems": 1},
+    },
+    "required": ["parts"],
+}
+_SYSTEM: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string"},
+        {**_CONTENT, "properties": {
+            **_CONTENT["properties"], "role": _nullable({"enum": ["", "user", "system"]})
+        }},
+        {"type": "null"},
+    ]
+}
+_GENERATION_CONFIG: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        **{key: _number(option) for key, option in NUMBERS.items()},
+        **{key: _integer(option) for key, option in INTEGERS.items()},
+        "stopSequences": _nullable(
+            {"type": "array", "items": {"type": "string"}, **documented("stop", LIMITS)}
+        ),
+        "candidateCount": _integer(minimum=1, maximum=1),
+        "responseMimeType": _nullable({"enum": ["", "text/plain"]}),
+        "responseModalities": _nullable(
+            {"type": "array", "items": {"type": "string", "pattern": "^[Tt][Ee][Xx][Tt]$"}}
+        ),
+        "responseLogprobs": _nullable({"type": "boolean"}),
+        "logprobs": _integer("logprobs"),
+        "enableEnhancedCivicAnswers": {"enum": [False, None]},
+        "audioTimestamp": {"enum": [False, None]},
+        "thinkingConfig": _nullable({
+            "type": "object",
+            "properties": {
+                "thinkingBudget": _integer(minimum=0, maximum=0),
+                "includeThoughts": {"enum": [False, None]},
+            },
+        }),
+    },
+}
+GENERATE_CONTENT_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "contents": {"type": "array", "items": _CONTENT, "minItems": 1},
+        "systemInstruction": _SYSTEM,
+        "generationConfig": _nullable(_GENERATION_CONFIG),
+        "tools": _nullable({"type": "array", "maxItems": 0}),
+        **{key: {} for key in sorted(HARMLESS)},
+    },
+    "required": ["contents"],
+}
+COUNT_TOKENS_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "contents": {"type": "array", "items": _CONTENT, "minItems": 1},
+        "generateContentRequest": GENERATE_CONTENT_REQUEST,
+    },
+    "oneOf": [{"required": ["contents"]}, {"required": ["generateContentRequest"]}],
+}
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+_STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Answers as server-sent events (alt=sse) or as a JSON array (alt=json).",
+        "content": {
+            "text/event-stream": {"schema": SSE_EVENT},
+            "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+        },
+    }
+}
+
+
+@router.post(
+    "/models/{model:gemini_model}:generateContent",
+    response_model=None,
+    openapi_extra=_body(GENERATE_CONTENT_REQUEST),
+)
+async def generate_content(request: Request, model: str = Path(json_schema_extra=MODEL_NAME)) -> JSONResponse:
     state = state_of(request)
     body = await _json_body(request)
-    model_id = _model_id(state, model_name)
-    if method == "countTokens":
-        return await _count_tokens(state, model_id, body)
+    model_id = _model_id(state, model)
     parsed = parse_generate(body)
     generation = parsed.options.generation(model_id, parsed.chat, "contents")
     wants = generation.options.logprobs is not None
-    rid = uuid.uuid4().hex
-    if method == "generateContent":
-        answer = await generation.run(request)
-        return JSONResponse(_response(
-            answer.text, answer.last.finish_reason,
-            _usage(answer.usage.prompt_tokens, answer.usage.completion_tokens), model_id, rid,
-            answer.logprobs if wants else None,
-        ))
-    alt = request.query_params.get("alt", "json")
+    answer = await generation.run(request)
+    return JSONResponse(_response(
+        answer.text, answer.last.finish_reason,
+        _usage(answer.usage.prompt_tokens, answer.usage.completion_tokens), model_id,
+        uuid.uuid4().hex, answer.logprobs if wants else None,
+    ))
+
+
+@router.post(
+    "/models/{model:gemini_model}:streamGenerateContent",
+    response_model=None,
+    responses=_STREAMED,
+    openapi_extra=_body(GENERATE_CONTENT_REQUEST),
+)
+async def stream_generate_content(
+    request: Request,
+    model: str = Path(json_schema_extra=MODEL_NAME),
+    alt: str = Query("json", json_schema_extra={"enum": ["sse", "json"]}),
+) -> StreamingResponse:
+    state = state_of(request)
+    body = await _json_body(request)
+    model_id = _model_id(state, model)
+    parsed = parse_generate(body)
+    generation = parsed.options.generation(model_id, parsed.chat, "contents")
     if alt not in ("sse", "json"):
         raise _bad(f"alt={alt!r} is not supported (use 'sse' or 'json')", "alt")
     stream = await generation.stream(request)
     framing: Literal["sse", "json"] = "sse" if alt == "sse" else "json"
+    wants = generation.options.logprobs is not None
     return StreamingResponse(
-        _events(stream, model_id, rid, framing, wants),
+        _events(stream, model_id, uuid.uuid4().hex, framing, wants),
         media_type="text/event-stream" if framing == "sse" else "application/json",
     )
+
+
+@router.post(
+    "/models/{model:gemini_model}:countTokens", response_model=None, openapi_extra=_body(COUNT_TOKENS_REQUEST)
+)
+async def count_tokens(request: Request, model: str = Path(json_schema_extra=MODEL_NAME)) -> JSONResponse:
+    state = state_of(request)
+    body = await _json_body(request)
+    return await _count_tokens(state, _model_id(state, model), body)
+
+
+@router.get("/models/{name:gemini_model}")
+async def get_model(request: Request, name: str = Path(json_schema_extra=MODEL_NAME)) -> dict[str, Any]:
+    state = state_of(request)
+    model_id = _model_id(state, name)
+    return await _with_model(state, model_id, lambda m: _model_entry(model_id, m))
+
+
+@router.post("/models/{rest:gemini_method}", include_in_schema=False)
+async def unknown_method(rest: str) -> None:
+    model, _, method = rest.rpartition(":")
+    if method in METHODS:
+        raise ApiError("not_found", f"no model {model!r}: a model's name is not empty, has no ':'")
+    raise ApiError("not_found", f"unknown method {method!r}: use one of {', '.join(METHODS)}")
 
 
 async def _events(

@@ -37,6 +37,22 @@ def _specs() -> Mapping[str, OptionSpec]:
     return generation_options()
 
 
+def documented(
+    option: str, limits: Mapping[str, Bounds] | None = None, *, single: bool = False
+) -> dict[str, Any]:
+    """The OpenAPI documentation of a request field carrying `option`: JSON Schema keywords for
+    the bounds `Options.checked` enforces (the same spec under the API's `limits`). `single`: the
+    field also takes one item where a list is allowed, bounded as the list's items are."""
+    spec = _specs()[option]
+    if limits and option in limits:
+        spec = spec.within(limits[option])
+    schema = spec.json_schema()
+    items = schema.get("items")
+    if single and isinstance(items, dict):
+        schema = {**schema, **cast(dict[str, Any], items)}
+    return schema
+
+
 class Options:
     """A request's generation options in engine terms, each with the request's name for it, checked
     against the engine's option specs under the API's own tighter `limits` (OpenAI's temperature

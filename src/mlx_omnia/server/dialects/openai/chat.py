@@ -7,11 +7,11 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from mlx_omnia import Chat, ChatMessage, Piece, TokenLogprob
-from mlx_omnia.server.dialects.common import new_id, token_text
-from mlx_omnia.server.dialects.generation import Options
+from mlx_omnia.server.dialects.common import STREAMED, new_id, text_part, token_text
+from mlx_omnia.server.dialects.generation import Options, documented
 from mlx_omnia.server.dialects.openai.shared import (
     HARMLESS,
     LIMITS,
@@ -31,11 +31,28 @@ from mlx_omnia.server.errors import ApiError
 router = APIRouter()
 
 
+MESSAGE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "role": {"enum": ["system", "developer", "user", "assistant"]},
+        "content": {
+            "anyOf": [
+                {"type": "string"}, {"type": "array", "items": text_part(["text"])}, {"type": "null"}
+            ]
+        },
+        "name": {"type": "string"},
+    },
+    "required": ["role"],
+}
+
+
 class ChatCompletionRequest(Sampling):
-    messages: list[dict[str, Any]]
-    max_completion_tokens: StrictInt | None = None
+    messages: list[dict[str, Any]] = Field(json_schema_extra={"minItems": 1, "items": MESSAGE})
+    max_completion_tokens: StrictInt | None = Field(
+        None, json_schema_extra=documented("max_tokens", LIMITS)
+    )
     logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = None
+    top_logprobs: StrictInt | None = Field(None, json_schema_extra=documented("logprobs", LIMITS))
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -118,7 +135,7 @@ def options_of(body: ChatCompletionRequest) -> Options:
     return options
 
 
-@router.post("/chat/completions", response_model=None)
+@router.post("/chat/completions", response_model=None, responses=STREAMED)
 async def chat_completions(
     request: Request, body: ChatCompletionRequest
 ) -> JSONResponse | StreamingResponse:

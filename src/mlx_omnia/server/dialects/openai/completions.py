@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from mlx_omnia import Bounds, Piece, TokenLogprob
-from mlx_omnia.server.dialects.common import new_id, token_text
-from mlx_omnia.server.dialects.generation import Options
+from mlx_omnia.server.dialects.common import STREAMED, new_id, token_text
+from mlx_omnia.server.dialects.generation import Options, documented
 from mlx_omnia.server.dialects.openai.shared import (
     HARMLESS,
     LIMITS,
@@ -31,11 +31,17 @@ COMPLETIONS_LIMITS = {**LIMITS, "logprobs": Bounds(le=5)}  # alternatives a toke
 
 
 class CompletionRequest(Sampling):
-    prompt: StrictStr | list[Any]
-    echo: StrictBool | None = None
-    suffix: StrictStr | None = None
-    logprobs: StrictInt | None = None
-    best_of: StrictInt | None = None
+    prompt: StrictStr | list[Any] = Field(
+        description="Text, or a list of exactly one text; an empty text needs a model whose "
+        "tokenizer adds a BOS token.",
+        json_schema_extra={"minItems": 1, "maxItems": 1},
+    )
+    echo: StrictBool | None = Field(None, json_schema_extra={"not": {"const": True}})
+    suffix: StrictStr | None = Field(None, json_schema_extra={"not": {"type": "string"}})
+    logprobs: StrictInt | None = Field(
+        None, json_schema_extra=documented("logprobs", COMPLETIONS_LIMITS)
+    )
+    best_of: StrictInt | None = Field(None, json_schema_extra={"minimum": 1, "maximum": 1})
 
 
 def completion_logprobs(entries: tuple[TokenLogprob, ...], offset: int) -> dict[str, Any]:
@@ -82,7 +88,7 @@ def _completion_options(body: CompletionRequest) -> Options:
     return options
 
 
-@router.post("/completions", response_model=None)
+@router.post("/completions", response_model=None, responses=STREAMED)
 async def completions(
     request: Request, body: CompletionRequest
 ) -> JSONResponse | StreamingResponse:

@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from mlx_omnia import Chat, ChatMessage, Piece
+from mlx_omnia.server.dialects.common import STREAMED, new_id, now, sse, text_part
 from mlx_omnia.server.dialects.common import Request as Body
-from mlx_omnia.server.dialects.common import new_id, now, sse
-from mlx_omnia.server.dialects.generation import Options
+from mlx_omnia.server.dialects.generation import Options, documented
 from mlx_omnia.server.dialects.openai.shared import (
     HARMLESS,
     LIMITS,
@@ -30,13 +30,51 @@ router = APIRouter()
 RESPONSES_HARMLESS = (*HARMLESS, "stream_options", "max_tool_calls", "background_options")
 
 
+INPUT_ITEM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "message"},
+        "role": {"enum": ["system", "developer", "user", "assistant"]},
+        "content": {
+            "anyOf": [
+                {"type": "string"},
+                {
+                    "type": "array",
+                    "items": {
+                        "anyOf": [
+                            text_part(["input_text", "output_text"]),
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "type": {"const": "refusal"}, "refusal": {"type": "string"}
+                                },
+                                "required": ["type", "refusal"],
+                            },
+                        ]
+                    },
+                },
+            ]
+        },
+    },
+    "required": ["role", "content"],
+}
+
+
 class ResponsesRequest(Body):
     model: StrictStr | None = None
-    input: StrictStr | list[Any]
+    input: StrictStr | list[Any] = Field(
+        description="Text, or message items (input_text parts; output_text or refusal parts in "
+        "an assistant's).",
+        json_schema_extra={"minItems": 1, "items": INPUT_ITEM},
+    )
     instructions: StrictStr | None = None
-    max_output_tokens: StrictInt | None = None
-    temperature: StrictFloat | None = None
-    top_p: StrictFloat | None = None
+    max_output_tokens: StrictInt | None = Field(
+        None, json_schema_extra=documented("max_tokens", LIMITS)
+    )
+    temperature: StrictFloat | None = Field(
+        None, json_schema_extra=documented("temperature", LIMITS)
+    )
+    top_p: StrictFloat | None = Field(None, json_schema_extra=documented("top_p", LIMITS))
     stream: StrictBool | None = False
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -46,9 +84,9 @@ class ResponsesRequest(Body):
     include: list[Any] | None = None
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
-    truncation: StrictStr | None = None
-    background: StrictBool | None = None
-    top_logprobs: StrictInt | None = None
+    truncation: StrictStr | None = Field(None, json_schema_extra={"enum": ["disabled", None]})
+    background: StrictBool | None = Field(None, json_schema_extra={"not": {"const": True}})
+    top_logprobs: StrictInt | None = Field(None, json_schema_extra={"enum": [0, None]})
 
 
 RESPONSE_ROLES: dict[str, Literal["system", "user", "assistant"]] = {
@@ -218,7 +256,7 @@ class _ResponseShape:
         }
 
 
-@router.post("/responses", response_model=None)
+@router.post("/responses", response_model=None, responses=STREAMED)
 async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | StreamingResponse:
     model_id = accepted(request, body, body.model, RESPONSES_HARMLESS)
     generation = _responses_options(body).generation(model_id, _responses_chat(body), "input")

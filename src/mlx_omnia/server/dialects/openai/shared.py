@@ -10,13 +10,13 @@ from typing import Any, TypeVar, cast
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from mlx_omnia import Bounds, Piece, Usage
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import now, refuse_unknown, sse
 from mlx_omnia.server.dialects.errors import error_body
-from mlx_omnia.server.dialects.generation import Options, Stream
+from mlx_omnia.server.dialects.generation import Options, Stream, documented
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import state_of
 
@@ -80,20 +80,34 @@ class StreamOptions(BaseModel):
 
 
 class Sampling(Body):
-    """Fields shared by chat and legacy completions."""
+    """Fields shared by chat and legacy completions (the schema documents the bounds that
+    `sampling_options` checks; a model's own, such as its context length, only it knows)."""
 
     model: StrictStr
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: StrictInt | None = None
-    temperature: StrictFloat | None = None
-    top_p: StrictFloat | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
-    presence_penalty: StrictFloat | None = None
-    frequency_penalty: StrictFloat | None = None
-    logit_bias: dict[str, StrictFloat] | None = None
-    n: StrictInt | None = None
+    max_tokens: StrictInt | None = Field(None, json_schema_extra=documented("max_tokens", LIMITS))
+    temperature: StrictFloat | None = Field(
+        None, json_schema_extra=documented("temperature", LIMITS)
+    )
+    top_p: StrictFloat | None = Field(None, json_schema_extra=documented("top_p", LIMITS))
+    stop: StrictStr | list[StrictStr] | None = Field(
+        None, json_schema_extra=documented("stop", LIMITS, single=True)
+    )
+    seed: StrictInt | None = Field(None, json_schema_extra=documented("seed", LIMITS))
+    presence_penalty: StrictFloat | None = Field(
+        None, json_schema_extra=documented("presence_penalty", LIMITS)
+    )
+    frequency_penalty: StrictFloat | None = Field(
+        None, json_schema_extra=documented("frequency_penalty", LIMITS)
+    )
+    logit_bias: dict[str, StrictFloat] | None = Field(
+        None,
+        json_schema_extra={
+            **documented("logit_bias", LIMITS), "propertyNames": {"pattern": "^[0-9]+$"}
+        },
+    )
+    n: StrictInt | None = Field(None, json_schema_extra={"minimum": 1, "maximum": 1})
 
 
 def sampling_options(body: Sampling, limits: Mapping[str, Bounds]) -> Options:
@@ -108,7 +122,7 @@ def sampling_options(body: Sampling, limits: Mapping[str, Bounds]) -> Options:
         )
     bias: dict[int, float] = {}
     for key, value in (body.logit_bias or {}).items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):
             raise ApiError(
                 "invalid_request", f"logit_bias key {key!r} is not a token id", "logit_bias"
             )
