@@ -339,6 +339,8 @@ def test_response_stream_incomplete(client: openai.OpenAI) -> None:
             "input[0].content[0]",
         ),
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+        ({"include": ["message.output_text.logprobs", "everything"]}, "include[1]"),
+        ({"top_logprobs": 21}, "top_logprobs"),
     ],
 )
 def test_response_refusals(client: openai.OpenAI, kwargs: dict[str, Any], param: str) -> None:
@@ -478,6 +480,44 @@ def test_chat_logprobs_are_the_models(client: openai.OpenAI, smollm2: Model) -> 
         model=MODEL, messages=user(QUESTION), max_tokens=2, temperature=0
     )
     assert plain.choices[0].logprobs is None
+
+
+def test_response_logprobs_are_the_chats(client: openai.OpenAI) -> None:
+    """Responses logprobs (include message.output_text.logprobs, top_logprobs) are the same
+    tokens and numbers as chat's for the same request, whole and streamed."""
+    chat = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), max_tokens=8, temperature=0, logprobs=True,
+        top_logprobs=3,
+    )
+    assert chat.choices[0].logprobs is not None
+    want = [
+        (e.token, e.bytes, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+        for e in chat.choices[0].logprobs.content or []
+    ]
+    args: dict[str, Any] = {
+        "model": MODEL, "input": QUESTION, "max_output_tokens": 8, "temperature": 0,
+        "include": ["message.output_text.logprobs"], "top_logprobs": 3,
+    }
+    whole = client.responses.create(**args)
+    part = whole.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and part.text == chat.choices[0].message.content
+    got = [
+        (e.token, e.bytes, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+        for e in part.logprobs or []
+    ]
+    assert got == want and whole.top_logprobs == 3
+    with client.responses.stream(**args) as stream:
+        events = list(stream)
+    deltas = [
+        (e.token, e.logprob) for ev in events if ev.type == "response.output_text.delta"
+        for e in ev.logprobs
+    ]
+    done = next(ev for ev in events if ev.type == "response.output_text.done")
+    assert deltas == [(t, lp) for t, _, lp, _ in want]
+    assert [(e.token, e.logprob) for e in done.logprobs] == deltas
+    # Without them, none.
+    plain = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=2)
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
 
 
 def test_chat_logprobs_stream_like_the_whole_answer(client: openai.OpenAI) -> None:

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from mlx_omnia import Chat, ChatMessage, Piece, TokenLogprob
-from mlx_omnia.server.dialects.common import STREAMED, new_id, text_part, token_text
+from mlx_omnia.server.dialects.common import STREAMED, new_id, text_part
 from mlx_omnia.server.dialects.generation import Options, documented
 from mlx_omnia.server.dialects.openai.shared import (
     HARMLESS,
@@ -19,6 +19,7 @@ from mlx_omnia.server.dialects.openai.shared import (
     Sampling,
     accepted,
     events,
+    logprob_entry,
     parts_of,
     refuse_part,
     refuse_tools,
@@ -59,21 +60,9 @@ class ChatCompletionRequest(Sampling):
     modalities: list[StrictStr] | None = None
 
 
-def _chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
-    return {
-        "token": token_text(entry.token_bytes),
-        "logprob": entry.logprob,
-        "bytes": list(entry.token_bytes),
-        "top_logprobs": [
-            {"token": token_text(t.token_bytes), "logprob": t.logprob, "bytes": list(t.token_bytes)}
-            for t in entry.top
-        ],
-    }
-
-
 def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """A chat choice's `logprobs`: one entry a generated token (OpenAI's ChoiceLogprobs)."""
-    return {"content": [_chat_logprob(e) for e in entries], "refusal": None}
+    return {"content": [logprob_entry(e) for e in entries], "refusal": None}
 
 
 def _text(content: Any, where: str) -> str:

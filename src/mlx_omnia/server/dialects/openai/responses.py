@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from mlx_omnia import Chat, ChatMessage, Piece
+from mlx_omnia import Chat, ChatMessage, Piece, TokenLogprob
 from mlx_omnia.server.dialects.common import STREAMED, new_id, now, sse, text_part
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.generation import Options, documented
@@ -18,6 +18,7 @@ from mlx_omnia.server.dialects.openai.shared import (
     LIMITS,
     accepted,
     as_dict,
+    logprob_entry,
     parts_of,
     refuse_part,
     refuse_tools,
@@ -28,6 +29,19 @@ from mlx_omnia.server.errors import ApiError
 router = APIRouter()
 
 RESPONSES_HARMLESS = (*HARMLESS, "stream_options", "max_tool_calls", "background_options")
+# The one `include` value there is to honour: each output_text part's tokens' logprobs.
+LOGPROBS = "message.output_text.logprobs"
+# The others add what the answers here never hold (tool results, images, reasoning): accepted.
+INCLUDABLE = (
+    LOGPROBS,
+    "reasoning.encrypted_content",
+    "message.input_image.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+)
 
 
 INPUT_ITEM: dict[str, Any] = {
@@ -81,12 +95,14 @@ class ResponsesRequest(Body):
     previous_response_id: StrictStr | None = None
     conversation: Any = None
     prompt: Any = None
-    include: list[Any] | None = None
+    include: list[Any] | None = Field(
+        None, json_schema_extra={"items": {"enum": list(INCLUDABLE)}}
+    )
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     truncation: StrictStr | None = Field(None, json_schema_extra={"enum": ["disabled", None]})
     background: StrictBool | None = Field(None, json_schema_extra={"not": {"const": True}})
-    top_logprobs: StrictInt | None = Field(None, json_schema_extra={"enum": [0, None]})
+    top_logprobs: StrictInt | None = Field(None, json_schema_extra=documented("logprobs", LIMITS))
 
 
 RESPONSE_ROLES: dict[str, Literal["system", "user", "assistant"]] = {
@@ -156,8 +172,9 @@ def _responses_options(body: ResponsesRequest) -> Options:
         )
     if body.prompt is not None:
         raise ApiError("invalid_request", "stored prompts are not supported", "prompt")
-    if body.include:
-        raise ApiError("invalid_request", "include is not supported", "include")
+    for i, what in enumerate(body.include or []):
+        if what not in INCLUDABLE:
+            raise ApiError("invalid_request", f"include {what!r} is not valid", f"include[{i}]")
     if body.reasoning and any(v is not None for v in body.reasoning.values()):
         raise ApiError(
             "invalid_request", "reasoning options are not supported by this model", "reasoning"
@@ -177,13 +194,18 @@ def _responses_options(body: ResponsesRequest) -> Options:
         raise ApiError("invalid_request", "only truncation 'disabled' is supported", "truncation")
     if body.background:
         raise ApiError("invalid_request", "background responses are not supported", "background")
-    if body.top_logprobs:
-        raise ApiError("invalid_request", "logprobs are not supported yet", "top_logprobs")
     options = Options(LIMITS)
+    if wants_logprobs(body):
+        options.set("logprobs", body.top_logprobs or 0, "top_logprobs")
     options.set("max_tokens", body.max_output_tokens, "max_output_tokens")
     options.set("temperature", body.temperature)
     options.set("top_p", body.top_p)
     return options
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """Logprobs come with the output text when `include` asks for them or top_logprobs is set."""
+    return LOGPROBS in (body.include or []) or body.top_logprobs is not None
 
 
 class _ResponseShape:
@@ -196,8 +218,9 @@ class _ResponseShape:
         self.item_id = new_id("msg_")
         self.created = now()
 
-    def part(self, text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def part(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+        entries = [logprob_entry(e) for e in logprobs]
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": entries}
 
     def item(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -248,6 +271,7 @@ class _ResponseShape:
             "text": {"format": {"type": "text"}},
             "tool_choice": "none",
             "tools": [],
+            "top_logprobs": b.top_logprobs,
             "top_p": b.top_p,
             "truncation": "disabled",
             "usage": usage,
@@ -264,7 +288,7 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
     if not body.stream:
         answer = await generation.run(request)
         status = "incomplete" if answer.last.finish_reason == "length" else "completed"
-        item = shape.item(status, [shape.part(answer.text)])
+        item = shape.item(status, [shape.part(answer.text, answer.logprobs)])
         return JSONResponse(shape.response(status, [item], answer.last))
     stream = await generation.stream(request)
 
@@ -285,28 +309,30 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
         )
         yield event("response.content_part.added", **where, content_index=0, part=shape.part(""))
         texts: list[str] = []
+        logprobs: list[TokenLogprob] = []
         try:
             async for piece in stream:
-                if piece.text:
+                if piece.text or piece.logprobs:
                     texts.append(piece.text)
+                    logprobs += piece.logprobs
                     yield event(
                         "response.output_text.delta",
                         **where,
                         content_index=0,
                         delta=piece.text,
-                        logprobs=[],
+                        logprobs=[logprob_entry(e) for e in piece.logprobs],
                     )
                 if piece.finish_reason is None:
                     continue
                 text = "".join(texts)
                 status = "incomplete" if piece.finish_reason == "length" else "completed"
-                item = shape.item(status, [shape.part(text)])
+                part = shape.part(text, logprobs)
+                item = shape.item(status, [part])
                 yield event(
-                    "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+                    "response.output_text.done", **where, content_index=0, text=text,
+                    logprobs=part["logprobs"],
                 )
-                yield event(
-                    "response.content_part.done", **where, content_index=0, part=shape.part(text)
-                )
+                yield event("response.content_part.done", **where, content_index=0, part=part)
                 yield event("response.output_item.done", output_index=0, item=item)
                 yield event(f"response.{status}", response=shape.response(status, [item], piece))
         except Exception as e:

@@ -12,9 +12,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from mlx_omnia import Bounds, Piece, Usage
+from mlx_omnia import Bounds, Piece, TokenLogprob, Usage
 from mlx_omnia.server.dialects.common import Request as Body
-from mlx_omnia.server.dialects.common import now, refuse_unknown, sse
+from mlx_omnia.server.dialects.common import now, refuse_unknown, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.generation import Options, Stream, documented
 from mlx_omnia.server.errors import ApiError
@@ -136,6 +136,20 @@ def sampling_options(body: Sampling, limits: Mapping[str, Bounds]) -> Options:
     options.set("frequency_penalty", body.frequency_penalty)
     options.set("logit_bias", bias)
     return options
+
+
+def logprob_entry(entry: TokenLogprob) -> dict[str, Any]:
+    """One generated token's log-probability and the likeliest alternatives (chat's and the
+    Responses API's shape: text, exact bytes, logprob)."""
+    return {
+        "token": token_text(entry.token_bytes),
+        "logprob": entry.logprob,
+        "bytes": list(entry.token_bytes),
+        "top_logprobs": [
+            {"token": token_text(t.token_bytes), "logprob": t.logprob, "bytes": list(t.token_bytes)}
+            for t in entry.top
+        ],
+    }
 
 
 def usage_of(usage: Usage) -> dict[str, Any]:
