@@ -53,6 +53,41 @@ def url(s: LiveServer, path: str) -> str:
 # -- generation ----------------------------------------------------------------------------------
 
 
+def test_candidate_count_whole_and_streamed(client: genai.Client) -> None:
+    """candidateCount alternatives: with a seed, candidate i samples with seed + i; the usage
+    counts the prompt once; a stream gives each candidate's chunks by index, the usage of all
+    on the chunk that finishes the last."""
+    def config(count: int, seed: int) -> types.GenerateContentConfig:
+        return types.GenerateContentConfig(
+            candidate_count=count, seed=seed, temperature=1.0, top_p=1.0, max_output_tokens=12
+        )
+
+    whole = client.models.generate_content(model=MODEL, contents=QUESTION, config=config(3, 5))
+    assert whole.candidates is not None and [c.index for c in whole.candidates] == [0, 1, 2]
+    texts = [c.content.parts[0].text for c in whole.candidates if c.content and c.content.parts]
+    alone = [
+        client.models.generate_content(model=MODEL, contents=QUESTION, config=config(1, 5 + i))
+        for i in range(3)
+    ]
+    assert texts == [a.text for a in alone] and len(set(texts)) > 1
+    usage, single = whole.usage_metadata, [a.usage_metadata for a in alone]
+    assert usage is not None and all(u is not None for u in single)
+    assert usage.prompt_token_count == single[0].prompt_token_count  # type: ignore[union-attr]
+    assert usage.candidates_token_count == sum(
+        u.candidates_token_count or 0 for u in single if u is not None
+    )
+    streamed = ["", "", ""]
+    chunks = list(client.models.generate_content_stream(
+        model=MODEL, contents=QUESTION, config=config(3, 5)
+    ))
+    for chunk in chunks:
+        for c in chunk.candidates or []:
+            streamed[c.index or 0] += "".join(p.text or "" for p in (c.content.parts or [])) if c.content else ""
+    assert streamed == texts
+    with_usage = [c for c in chunks if c.usage_metadata is not None]
+    assert with_usage and with_usage[-1].usage_metadata == usage
+
+
 def test_generate_content_greedy_equals_engine_and_usage_exact(
     client: genai.Client, smollm2: Model
 ) -> None:
@@ -220,7 +255,7 @@ def test_unknown_model_404(client: genai.Client) -> None:
             "responseMimeType",
         ),
         (types.GenerateContentConfig(response_schema={"type": "STRING"}), "responseSchema"),
-        (types.GenerateContentConfig(candidate_count=2), "candidateCount"),
+        (types.GenerateContentConfig(candidate_count=9), "candidateCount"),
         (
             types.GenerateContentConfig(thinking_config=types.ThinkingConfig(thinking_budget=1024)),
             "thinkingConfig",

@@ -90,6 +90,45 @@ def test_chat_stream_with_usage(client: openai.OpenAI, smollm2: Model) -> None:
     assert len({c.id for c in chunks}) == 1
 
 
+def test_n_choices_whole_and_streamed(client: openai.OpenAI, smollm2: Model) -> None:
+    """n alternatives: with a seed, choice i samples with seed + i (so they differ and each is
+    the answer that seed gives alone); usage counts the prompt once; a stream interleaves the
+    choices by index and ends each with its own finish chunk."""
+    sampled = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 12}
+    whole = client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), n=3, seed=5, **sampled
+    )
+    texts = [c.message.content for c in whole.choices]
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    alone = [
+        client.chat.completions.create(model=MODEL, messages=user(QUESTION), seed=5 + i, **sampled)
+        for i in range(3)
+    ]
+    assert texts == [a.choices[0].message.content for a in alone] and len(set(texts)) > 1
+    assert whole.usage is not None
+    assert whole.usage.prompt_tokens == len(smollm2.encode(chat_of(user(QUESTION))))
+    assert whole.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone if a.usage)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=user(QUESTION), n=3, seed=5, stream=True,
+        stream_options={"include_usage": True}, **sampled,
+    ))
+    streamed = ["", "", ""]
+    finished: list[int] = []
+    for c in chunks:
+        for choice in c.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                finished.append(choice.index)
+    assert streamed == texts and sorted(finished) == [0, 1, 2]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    legacy = client.completions.create(model=MODEL, prompt=PROMPT, n=2, seed=5, **sampled)
+    assert [c.index for c in legacy.choices] == [0, 1]
+    assert legacy.choices[1].text == client.completions.create(
+        model=MODEL, prompt=PROMPT, seed=6, **sampled
+    ).choices[0].text
+
+
 def test_chat_stream_without_usage(client: openai.OpenAI) -> None:
     chunks = list(
         client.chat.completions.create(
@@ -219,7 +258,7 @@ def test_completion_stream(client: openai.OpenAI, smollm2: Model) -> None:
         ({"suffix": "!"}, "suffix"),
         ({"logprobs": 6}, "logprobs"),
         ({"best_of": 2}, "best_of"),
-        ({"n": 2}, "n"),
+        ({"n": 129}, "n"),
         ({"frobnicate": 1}, "frobnicate"),
     ],
 )
@@ -374,7 +413,7 @@ def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
     [
         ({"temperature": "hot"}, "temperature"),
         ({"temperature": 3.5}, "temperature"),
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
         ({"frobnicate": True}, "frobnicate"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"top_logprobs": 2}, "top_logprobs"),

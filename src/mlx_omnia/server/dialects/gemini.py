@@ -21,10 +21,17 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.convertors import Convertor, register_url_convertor
 
-from mlx_omnia import Bounds, Chat, ChatMessage, Model, TextPart, TokenLogprob
+from mlx_omnia import Bounds, Chat, ChatMessage, Model, TextPart, TokenLogprob, Usage
 from mlx_omnia.server.dialects.common import SSE_EVENT, model_ids, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
-from mlx_omnia.server.dialects.generation import Options, Stream, documented
+from mlx_omnia.server.dialects.generation import (
+    Options,
+    Stream,
+    documented,
+    merged,
+    run_all,
+    stream_all,
+)
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
@@ -76,6 +83,7 @@ NUMBERS = {
 INTEGERS = {"topK": "top_k", "maxOutputTokens": "max_tokens", "seed": "seed"}
 # An integer written as a string (Google's JSON parser takes int64 so); ASCII digits only.
 INT_STRING = "-?[0-9]+"
+MAX_CANDIDATES = 8  # candidateCount, as Gemini's API allows
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 
@@ -221,10 +229,12 @@ def _thinking_off(value: object, where: str) -> None:
         raise _bad(f"{where}: thinking is not supported by this model", where)
 
 
-def options_of(value: object) -> Options:
+def options_of(value: object) -> tuple[Options, int]:
+    """The generation options of a generationConfig, and its candidateCount."""
     where = "generationConfig"
     cfg = _obj(value, where)
     options = Options(LIMITS)
+    count = 1
     want_logprobs, top = False, None
     for key, v in cfg.items():
         at = f"{where}.{key}"
@@ -235,8 +245,9 @@ def options_of(value: object) -> Options:
         elif key == "stopSequences":
             options.set("stop", [_str(s, f"{at}[{i}]") for i, s in enumerate(_list(v, at))], at)
         elif key == "candidateCount":
-            if _int(v, at) != 1:
-                raise _bad(f"{at}: only candidateCount 1 is supported", at)
+            count = _int(v, at)
+            if not 1 <= count <= MAX_CANDIDATES:
+                raise _bad(f"{at} must be between 1 and {MAX_CANDIDATES}", at)
         elif key == "responseMimeType":
             if _str(v, at) not in ("", "text/plain"):
                 raise _bad(f"{at}: only 'text/plain' is supported", at)
@@ -263,13 +274,14 @@ def options_of(value: object) -> Options:
         raise _bad(f"{at} is only valid when responseLogprobs is true", at)
     if want_logprobs:
         options.set("logprobs", top or 0, f"{where}.logprobs")
-    return options
+    return options, count
 
 
 @dataclass(frozen=True)
 class Parsed:
     chat: Chat
     options: Options
+    candidates: int = 1
 
 
 def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
@@ -285,13 +297,13 @@ def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
         raise _unknown(key, where)
     try:
         chat = chat_of(body)
-        options = options_of(body.get("generationConfig", {}))
+        options, candidates = options_of(body.get("generationConfig", {}))
         options.checked()
     except ApiError as e:
         if where and e.param:
             e.message, e.param = f"in {where}: {e.message}", f"{where}.{e.param}"
         raise
-    return Parsed(chat, options)
+    return Parsed(chat, options, candidates)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -370,6 +382,11 @@ async def list_models(
 # -- generation --------------------------------------------------------------------------------
 
 
+def _usage_of(usages: Sequence[Usage]) -> dict[str, Any]:
+    """The usage of the candidates to one prompt (its tokens counted once)."""
+    return _usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages))
+
+
 def _usage(prompt: int, candidates: int) -> dict[str, Any]:
     return {
         "promptTokenCount": prompt,
@@ -395,18 +412,25 @@ def logprobs_result(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def _response(
-    text: str, finish: str | None, usage: dict[str, Any] | None, model_id: str, rid: str,
-    logprobs: Sequence[TokenLogprob] | None = None,
+def _candidate(
+    index: int, text: str, finish: str | None, logprobs: Sequence[TokenLogprob] | None = None
 ) -> dict[str, Any]:
-    candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
+    candidate: dict[str, Any] = {
+        "content": {"role": "model", "parts": [{"text": text}]}, "index": index
+    }
     if finish is not None:
         candidate["finishReason"] = FINISH.get(finish, "OTHER")
     if logprobs is not None:
         candidate["logprobsResult"] = logprobs_result(logprobs)
         if logprobs:
             candidate["avgLogprobs"] = sum(e.logprob for e in logprobs) / len(logprobs)
-    out: dict[str, Any] = {"candidates": [candidate]}
+    return candidate
+
+
+def _response(
+    candidates: list[dict[str, Any]], usage: dict[str, Any] | None, model_id: str, rid: str
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"candidates": candidates}
     if usage is not None:
         out["usageMetadata"] = usage
     out["modelVersion"] = model_id
@@ -465,7 +489,7 @@ _GENERATION_CONFIG: dict[str, Any] = {
         "stopSequences": _nullable(
             {"type": "array", "items": {"type": "string"}, **documented("stop", LIMITS)}
         ),
-        "candidateCount": _integer(minimum=1, maximum=1),
+        "candidateCount": _integer(minimum=1, maximum=MAX_CANDIDATES),
         "responseMimeType": _nullable({"enum": ["", "text/plain"]}),
         "responseModalities": _nullable(
             {"type": "array", "items": {"type": "string", "pattern": "^[Tt][Ee][Xx][Tt]$"}}
@@ -531,12 +555,13 @@ async def generate_content(request: Request, model: str = Path(json_schema_extra
     parsed = parse_generate(body)
     generation = parsed.options.generation(model_id, parsed.chat, "contents")
     wants = generation.options.logprobs is not None
-    answer = await generation.run(request)
-    return JSONResponse(_response(
-        answer.text, answer.last.finish_reason,
-        _usage(answer.usage.prompt_tokens, answer.usage.completion_tokens), model_id,
-        uuid.uuid4().hex, answer.logprobs if wants else None,
-    ))
+    answers = await run_all(request, generation, parsed.candidates)
+    candidates = [
+        _candidate(i, a.text, a.last.finish_reason, a.logprobs if wants else None)
+        for i, a in enumerate(answers)
+    ]
+    usage = _usage_of([a.usage for a in answers])
+    return JSONResponse(_response(candidates, usage, model_id, uuid.uuid4().hex))
 
 
 @router.post(
@@ -557,11 +582,11 @@ async def stream_generate_content(
     generation = parsed.options.generation(model_id, parsed.chat, "contents")
     if alt not in ("sse", "json"):
         raise _bad(f"alt={alt!r} is not supported (use 'sse' or 'json')", "alt")
-    stream = await generation.stream(request)
+    streams = await stream_all(request, generation, parsed.candidates)
     framing: Literal["sse", "json"] = "sse" if alt == "sse" else "json"
     wants = generation.options.logprobs is not None
     return StreamingResponse(
-        _events(stream, model_id, uuid.uuid4().hex, framing, wants),
+        _events(streams, model_id, uuid.uuid4().hex, framing, wants),
         media_type="text/event-stream" if framing == "sse" else "application/json",
     )
 
@@ -591,9 +616,13 @@ async def unknown_method(rest: str) -> None:
 
 
 async def _events(
-    stream: Stream, model_id: str, rid: str, framing: Literal["sse", "json"], logprobs: bool = False
+    streams: Sequence[Stream], model_id: str, rid: str, framing: Literal["sse", "json"],
+    logprobs: bool = False,
 ) -> AsyncIterator[str]:
+    """Each candidate's pieces as they come, one candidate a chunk; the usage of all on the
+    chunk that finishes the last one."""
     count = 0
+    usages: list[Usage] = []
 
     def frame(data: dict[str, Any]) -> str:
         nonlocal count
@@ -603,21 +632,22 @@ async def _events(
         head = "[" if count == 1 else ",\r\n"
         return head + json.dumps(data, separators=(",", ":"))
 
+    pieces = merged(streams)
     try:
-        async for piece in stream:
+        async for i, piece in pieces:
             probs = piece.logprobs if logprobs else None
             if piece.finish_reason is not None:
-                u = piece.usage
-                usage = _usage(u.prompt_tokens, u.completion_tokens) if u is not None else None
-                yield frame(
-                    _response(piece.text, piece.finish_reason, usage, model_id, rid, probs)
-                )
+                if piece.usage is not None:
+                    usages.append(piece.usage)
+                usage = _usage_of(usages) if len(usages) == len(streams) else None
+                candidate = _candidate(i, piece.text, piece.finish_reason, probs)
+                yield frame(_response([candidate], usage, model_id, rid))
             elif piece.text:
-                yield frame(_response(piece.text, None, None, model_id, rid, probs))
+                yield frame(_response([_candidate(i, piece.text, None, probs)], None, model_id, rid))
     except Exception as e:  # never leave a client hanging on a broken stream
-        yield frame(error_body("gemini", stream.error(e)))
+        yield frame(error_body("gemini", streams[0].error(e)))
     finally:
-        await stream.aclose()
+        await pieces.aclose()
     if framing == "json":
         yield "[]" if count == 0 else "]"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from fastapi import Request
@@ -97,6 +97,17 @@ class Generation:
     input_field: str
     names: Mapping[str, str] = field(default_factory=lambda: dict[str, str]())
 
+    def choices(self, n: int) -> list[Generation]:
+        """This generation `n` times over (an API's n alternatives): with a seed, the i-th uses
+        seed + i, so they differ and each is reproducible."""
+        seed = self.options.seed
+        return [
+            self if seed is None else replace(
+                self, options=replace(self.options, seed=(seed + i) % 2**64)
+            )
+            for i in range(n)
+        ]
+
     def error(self, error: BaseException) -> ApiError:
         """Any failure of this generation as the HTTP layer's error, named as the client sent it."""
         if isinstance(error, ApiError):
@@ -156,6 +167,57 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
         return task.result()
     await asyncio.gather(task, return_exceptions=True)  # let its clean-up run
     raise ApiError("client_closed", "the client closed the connection before the answer")
+
+
+async def run_all(request: Request, generation: Generation, n: int) -> list[Answer]:
+    """The n choices' answers (one generation each, see Generation.choices)."""
+    return list(await asyncio.gather(*(g.run(request) for g in generation.choices(n))))
+
+
+async def stream_all(request: Request, generation: Generation, n: int) -> list[Stream]:
+    """The n choices' streams, each started (errors before the response have a status)."""
+    streams = await asyncio.gather(
+        *(g.stream(request) for g in generation.choices(n)), return_exceptions=True
+    )
+    started = [s for s in streams if isinstance(s, Stream)]
+    failed = [e for e in streams if not isinstance(e, Stream)]
+    if failed:
+        for stream in started:
+            await stream.aclose()
+        raise failed[0]
+    return started
+
+
+async def merged(streams: Sequence[Stream]) -> AsyncGenerator[tuple[int, Piece], None]:
+    """The pieces of several started streams (an API's n choices) as they come, each with its
+    stream's index; the first failure is raised. Closing it closes every stream."""
+    queue: asyncio.Queue[tuple[int, Piece | Exception | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: Stream) -> None:
+        try:
+            async for piece in stream:
+                await queue.put((i, piece))
+            await queue.put((i, None))
+        except Exception as e:
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    running = len(streams)
+    try:
+        while running:
+            i, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                running -= 1
+                continue
+            yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
 
 
 @dataclass(frozen=True)

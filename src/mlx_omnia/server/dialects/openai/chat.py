@@ -11,7 +11,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from mlx_omnia import Chat, ChatMessage, Piece, TokenLogprob
 from mlx_omnia.server.dialects.common import STREAMED, new_id, text_part
-from mlx_omnia.server.dialects.generation import Options, documented
+from mlx_omnia.server.dialects.generation import Options, documented, run_all, stream_all
 from mlx_omnia.server.dialects.openai.shared import (
     HARMLESS,
     LIMITS,
@@ -131,29 +131,36 @@ async def chat_completions(
     model_id = accepted(request, body, body.model, HARMLESS)
     generation = options_of(body).generation(model_id, chat_of(body.messages), "messages")
     reply = Reply(new_id("chatcmpl-"), model_id)
+    n = body.n or 1
     if not body.stream:
-        answer = await generation.run(request)
-        message = {"role": "assistant", "content": answer.text, "refusal": None}
-        out = reply(
-            "chat.completion",
-            index=0,
-            message=message,
-            finish_reason=answer.last.finish_reason,
-            logprobs=chat_logprobs(answer.logprobs) if body.logprobs else None,
-        )
-        return JSONResponse({**out, "usage": usage_of(answer.usage)})
-    stream = await generation.stream(request)
+        answers = await run_all(request, generation, n)
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": answer.text, "refusal": None},
+                "finish_reason": answer.last.finish_reason,
+                "logprobs": chat_logprobs(answer.logprobs) if body.logprobs else None,
+            }
+            for i, answer in enumerate(answers)
+        ]
+        out = reply.of("chat.completion", choices)
+        return JSONResponse({**out, "usage": usage_of(*(a.usage for a in answers))})
+    streams = await stream_all(request, generation, n)
 
     def chunk(
-        delta: dict[str, Any], finish: str | None = None, logprobs: dict[str, Any] | None = None
+        index: int, delta: dict[str, Any], finish: str | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         return reply(
-            "chat.completion.chunk", index=0, delta=delta, finish_reason=finish, logprobs=logprobs
+            "chat.completion.chunk", index=index, delta=delta, finish_reason=finish,
+            logprobs=logprobs,
         )
 
-    def chunk_of(piece: Piece, _: int) -> dict[str, Any]:
+    def chunk_of(piece: Piece, index: int, _: int) -> dict[str, Any]:
         probs = chat_logprobs(piece.logprobs) if body.logprobs else None
-        return chunk({"content": piece.text}, logprobs=probs)
+        return chunk(index, {"content": piece.text}, logprobs=probs)
 
-    opening = chunk({"role": "assistant", "content": ""})
-    return events(stream, chunk_of, lambda finish: chunk({}, finish), body.stream_options, opening)
+    return events(
+        streams, chunk_of, lambda i, finish: chunk(i, {}, finish), body.stream_options,
+        lambda i: chunk(i, {"role": "assistant", "content": ""}),
+    )

@@ -10,7 +10,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from mlx_omnia import Bounds, Piece, TokenLogprob
 from mlx_omnia.server.dialects.common import STREAMED, new_id, token_text
-from mlx_omnia.server.dialects.generation import Options, documented
+from mlx_omnia.server.dialects.generation import Options, documented, run_all, stream_all
 from mlx_omnia.server.dialects.openai.shared import (
     HARMLESS,
     LIMITS,
@@ -95,23 +95,37 @@ async def completions(
     model_id = accepted(request, body, body.model, HARMLESS)
     generation = _completion_options(body).generation(model_id, _prompt_of(body.prompt), "prompt")
     reply = Reply(new_id("cmpl-"), model_id)
+    n = body.n or 1
+
+    def choice(
+        index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
 
     def completion(
-        text: str, finish: str | None, logprobs: dict[str, Any] | None = None
+        index: int, text: str, finish: str | None, logprobs: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        return reply("text_completion", text=text, index=0, logprobs=logprobs, finish_reason=finish)
+        return reply.of("text_completion", [choice(index, text, finish, logprobs)])
 
     wants = body.logprobs is not None
     if not body.stream:
-        answer = await generation.run(request)
-        probs = completion_logprobs(answer.logprobs, 0) if wants else None
-        out = completion(answer.text, answer.last.finish_reason, probs)
-        return JSONResponse({**out, "usage": usage_of(answer.usage)})
-    stream = await generation.stream(request)
+        answers = await run_all(request, generation, n)
+        choices = [
+            choice(
+                i, a.text, a.last.finish_reason,
+                completion_logprobs(a.logprobs, 0) if wants else None,
+            )
+            for i, a in enumerate(answers)
+        ]
+        out = reply.of("text_completion", choices)
+        return JSONResponse({**out, "usage": usage_of(*(a.usage for a in answers))})
+    streams = await stream_all(request, generation, n)
 
-    def chunk_of(piece: Piece, sent: int) -> dict[str, Any]:
+    def chunk_of(piece: Piece, index: int, sent: int) -> dict[str, Any]:
         return completion(
-            piece.text, None, completion_logprobs(piece.logprobs, sent) if wants else None
+            index, piece.text, None, completion_logprobs(piece.logprobs, sent) if wants else None
         )
 
-    return events(stream, chunk_of, lambda finish: completion("", finish), body.stream_options)
+    return events(
+        streams, chunk_of, lambda i, finish: completion(i, "", finish), body.stream_options
+    )

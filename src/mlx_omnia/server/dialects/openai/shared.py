@@ -4,7 +4,7 @@ content parts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -16,12 +16,14 @@ from mlx_omnia import Bounds, Piece, TokenLogprob, Usage
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import now, refuse_unknown, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
-from mlx_omnia.server.dialects.generation import Options, Stream, documented
+from mlx_omnia.server.dialects.generation import Options, Stream, documented, merged
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import state_of
 
 R = TypeVar("R", bound=str)
 
+# The most choices (n) a request may ask for, as OpenAI's API allows.
+MAX_CHOICES = 128
 # Fields accepted and ignored because they cannot change the output.
 HARMLESS = (
     "user",
@@ -107,13 +109,13 @@ class Sampling(Body):
             **documented("logit_bias", LIMITS), "propertyNames": {"pattern": "^[0-9]+$"}
         },
     )
-    n: StrictInt | None = Field(None, json_schema_extra={"minimum": 1, "maximum": 1})
+    n: StrictInt | None = Field(None, json_schema_extra={"minimum": 1, "maximum": MAX_CHOICES})
 
 
 def sampling_options(body: Sampling, limits: Mapping[str, Bounds]) -> Options:
     """The options of the fields chat and legacy completions share, under OpenAI's `limits`."""
-    if body.n not in (None, 1):
-        raise ApiError("invalid_request", "only n=1 is supported", "n")
+    if body.n is not None and not 1 <= body.n <= MAX_CHOICES:
+        raise ApiError("invalid_request", f"n must be between 1 and {MAX_CHOICES}", "n")
     if body.stream_options is not None and not body.stream:
         raise ApiError(
             "invalid_request",
@@ -152,11 +154,14 @@ def logprob_entry(entry: TokenLogprob) -> dict[str, Any]:
     }
 
 
-def usage_of(usage: Usage) -> dict[str, Any]:
+def usage_of(*usages: Usage) -> dict[str, Any]:
+    """The usage of one answer, or of n choices to one prompt (its tokens counted once)."""
+    prompt = usages[0].prompt_tokens
+    completion = sum(u.completion_tokens for u in usages)
     return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": 0},
         "completion_tokens_details": {"reasoning_tokens": 0},
     }
@@ -172,46 +177,55 @@ class Reply:
     created: int = field(default_factory=now)
 
     def __call__(self, object: str, **choice: Any) -> dict[str, Any]:
+        return self.of(object, [choice])
+
+    def of(self, object: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": object,
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
         }
 
 
 def events(
-    stream: Stream,
-    chunk_of: Callable[[Piece, int], dict[str, Any]],
-    finish: Callable[[str | None], dict[str, Any]],
+    streams: Sequence[Stream],
+    chunk_of: Callable[[Piece, int, int], dict[str, Any]],
+    finish: Callable[[int, str | None], dict[str, Any]],
     options: StreamOptions | None,
-    opening: dict[str, Any] | None = None,
+    opening: Callable[[int], dict[str, Any]] | None = None,
 ) -> StreamingResponse:
-    """Server-sent events of chat or legacy completion chunks: `opening`, then `chunk_of` each
-    piece with text or log-probabilities (and the characters sent before it), the `finish` chunk
-    with its reason and, with options.include_usage, one with the usage; an error object if
-    generation fails on the way; [DONE]."""
+    """Server-sent events of chat or legacy completion chunks of n choices (one stream each):
+    each choice's `opening`, then `chunk_of` each piece with text or log-probabilities (with its
+    choice's index and the characters sent before it) as pieces come, each choice's `finish`
+    chunk with its reason and, with options.include_usage, one with the usage of all; an error
+    object if generation fails on the way; [DONE]."""
     include_usage = bool(options and options.include_usage)
 
     async def lines() -> AsyncIterator[str]:
         if opening is not None:
-            yield sse(opening)
-        sent = 0
+            for i in range(len(streams)):
+                yield sse(opening(i))
+        sent = [0] * len(streams)
+        usages: list[Usage] = []
+        pieces = merged(streams)
         try:
-            async for piece in stream:
+            async for i, piece in pieces:
                 if piece.text or piece.logprobs:
-                    yield sse(chunk_of(piece, sent))
-                    sent += len(piece.text)
+                    yield sse(chunk_of(piece, i, sent[i]))
+                    sent[i] += len(piece.text)
                 if piece.finish_reason is None:
                     continue
-                yield sse(finish(piece.finish_reason))
-                if include_usage and piece.usage is not None:
-                    yield sse({**finish(None), "choices": [], "usage": usage_of(piece.usage)})
+                yield sse(finish(i, piece.finish_reason))
+                if piece.usage is not None:
+                    usages.append(piece.usage)
+            if include_usage and usages:
+                yield sse({**finish(0, None), "choices": [], "usage": usage_of(*usages)})
         except Exception as e:
-            yield sse(error_body("openai", stream.error(e)))
+            yield sse(error_body("openai", streams[0].error(e)))
         finally:
-            await stream.aclose()
+            await pieces.aclose()
         yield sse("[DONE]")
 
     return StreamingResponse(lines(), media_type="text/event-stream")
