@@ -521,6 +521,15 @@ def test_chat_logprobs_are_the_models(client: openai.OpenAI, smollm2: Model) -> 
     assert plain.choices[0].logprobs is None
 
 
+def test_response_accepts_what_codex_says_of_itself(client: openai.OpenAI) -> None:
+    """Codex CLI's first request failed on client_metadata (issue 29): metadata, harmless."""
+    r = client.responses.create(
+        model=MODEL, input=QUESTION, max_output_tokens=2,
+        extra_body={"client_metadata": {"originator": "codex_cli_rs"}},
+    )
+    assert r.status == "incomplete"
+
+
 def test_response_logprobs_are_the_chats(client: openai.OpenAI) -> None:
     """Responses logprobs (include message.output_text.logprobs, top_logprobs) are the same
     tokens and numbers as chat's for the same request, whole and streamed."""

@@ -28,7 +28,10 @@ from mlx_omnia.server.errors import ApiError
 
 router = APIRouter()
 
-RESPONSES_HARMLESS = (*HARMLESS, "stream_options", "max_tool_calls", "background_options")
+# (client_metadata: what the Codex CLI says of itself on every request.)
+RESPONSES_HARMLESS = (
+    *HARMLESS, "stream_options", "max_tool_calls", "background_options", "client_metadata"
+)
 # The one `include` value there is to honour: each output_text part's tokens' logprobs.
 LOGPROBS = "message.output_text.logprobs"
 # The others add what the answers here never hold (tool results, images, reasoning): accepted.
