@@ -267,3 +267,23 @@ def test_per_run_ratios_pair_each_run_with_the_baselines_same_run() -> None:
     assert ratios.keys() == {"omnia"}
     assert ratios["omnia"] == pytest.approx([3.0, 1.5])
     assert table.per_run_decode_ratios(results, "absent") == {}
+
+
+def test_soak_drives_a_live_server_and_checks_what_it_saw(tmp_path: Path) -> None:
+    """omnia-bench soak against omnia-server (a tiny llama) for a few seconds: clients of the three
+    dialects, some hanging up, every complete answer equal to the same request answered alone,
+    /metrics agreeing (the published soak runs the embedded model: docs/benchmarks.md)."""
+    from mlx_omnia.bench.main import main
+    from tests.fixtures.tiny import write_tiny_llama
+
+    tiny = write_tiny_llama(tmp_path / "tiny", max_position_embeddings=64)
+    out = io.StringIO()
+    report = tmp_path / "soak.json"
+    rc = main(["soak", "--serve", str(tiny), "--streams", "6", "--seconds", "4", "--sample", "1",
+               "--disconnect", "0.5", "--json", str(report)], out=out)
+    text = out.getvalue()
+    assert rc == 0, text
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["errors"] == 0 and data["mixed"] == 0, text
+    assert data["complete"] > 0 and data["requests"] > data["complete"], text  # some hung up
+    assert data["rss"] and "server RSS" in text

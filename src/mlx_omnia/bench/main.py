@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import mlx.core as mx
 
-from mlx_omnia.bench import bandwidth, measure
+from mlx_omnia.bench import bandwidth, measure, soak
 from mlx_omnia.bench.common import (
     DECODE_NOTE,
     GENERATE_NOTE,
@@ -299,17 +299,23 @@ def parser() -> argparse.ArgumentParser:
     _common(pair, default_mib=default_mib)
     pair.add_argument("--ref", required=True,
                       help="a git revision of this checkout, or a directory holding src/mlx_omnia")
+    soak_p = sub.add_parser("soak", help="many streaming clients against a live omnia-server, "
+                                         "some hanging up; errors, mixed-up answers, RSS, /metrics")
+    soak.add_arguments(soak_p)
     return top
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.prompt < 1 or args.generate < 1 or args.runs < 1:
-        raise SystemExit("--prompt, --generate and --runs must be at least 1")
     stream = out or sys.stdout
 
     def write(line: str) -> None:
         print(line, file=stream, flush=True)
+
+    if args.command == "soak":
+        return soak.run(args, write)
+    if args.prompt < 1 or args.generate < 1 or args.runs < 1:
+        raise SystemExit("--prompt, --generate and --runs must be at least 1")
 
     if args.command == "paired":
         paired(args, write)
