@@ -196,6 +196,30 @@ def test_full_queue_answers_429_in_each_dialect(long_server: LiveServer) -> None
     )  # the queued one is served once the stream is gone
 
 
+def test_choices_past_the_queue_are_refused_and_none_left_behind(long_server: LiveServer) -> None:
+    """n=3 with one queue slot: the second choice finds the queue full, so the request answers
+    429 and the first, already queued, is withdrawn (it would run for nobody)."""
+    server = long_server
+    running = LongStream(server)
+    try:
+        for stream in (False, True):
+            r = httpx.post(
+                f"{server.url}/api/openai/v1/chat/completions",
+                timeout=60,
+                json={
+                    "model": "tiny-long", "n": 3, "max_tokens": 8, "stream": stream,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            )
+            assert r.status_code == 429, r.text
+            deadline = time.monotonic() + 5
+            while server.state.scheduler.depth and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.state.scheduler.depth == 0
+    finally:
+        running.close()
+
+
 def test_client_leaving_mid_stream_stops_its_generation(long_server: LiveServer) -> None:
     server = long_server
     stream = LongStream(server)

@@ -170,8 +170,16 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
 
 
 async def run_all(request: Request, generation: Generation, n: int) -> list[Answer]:
-    """The n choices' answers (one generation each, see Generation.choices)."""
-    return list(await asyncio.gather(*(g.run(request) for g in generation.choices(n))))
+    """The n choices' answers (one generation each, see Generation.choices). If one fails (a
+    full queue, say), the others are cancelled: nobody would read them."""
+    runs = [asyncio.ensure_future(g.run(request)) for g in generation.choices(n)]
+    try:
+        return list(await asyncio.gather(*runs))
+    except BaseException:
+        for run in runs:
+            run.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+        raise
 
 
 async def stream_all(request: Request, generation: Generation, n: int) -> list[Stream]:
