@@ -308,7 +308,7 @@ __device__ __forceinline__ void expert_down(const T* h, const unsigned int* ids,
 // expert_down at ROWS adjacent output rows a warp (RouteExperts' down phase, EXT and HERE):
 // each row's sums are expert_down's, in its order; the first 2 chunks of every row are
 // requested before the wait. ROWS 2 halves the down blocks, so they are resident beside the
-// gate/up blocks (ROUTE_EXPERTS_DOWN_ROWS; `scripts/device/kernel_ab.py down_two_rows`).
+// gate/up blocks (ROUTE_EXPERTS_DOWN_ROWS; scripts/h200_ab.py `down_two_rows` measures it).
 template <typename T, int BITS, int GROUP, int K, int OUT, int TOPK, int LPE, int NWARPS,
           bool RESID, bool CG, bool HERE, bool EXT, bool IDS_SHARED, int ROWS>
 __device__ __forceinline__ void expert_down_rows(const T* h, const unsigned int* ids,
