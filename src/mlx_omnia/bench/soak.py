@@ -16,6 +16,7 @@ import contextlib
 import json
 import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def _server(args: argparse.Namespace) -> Generator[tuple[str, int | None]]:
     if args.url:
         yield args.url.rstrip("/"), None
         return
-    with contextlib.closing(__import__("socket").socket()) as s:
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     cmd = [sys.executable, "-m", "mlx_omnia.server.main", "--port", str(port),

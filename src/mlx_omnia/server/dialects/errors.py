@@ -158,7 +158,8 @@ ERROR_MODELS: dict[Dialect, type[BaseModel]] = {
     "openai": OpenAIError, "anthropic": AnthropicError, "gemini": GeminiError, "native": NativeError
 }
 _WHEN = {
-    400: "The request is not valid (its body, a field, an option out of bounds, the input too long).",
+    400: "The request is not valid (its body, a field, an option out of bounds, the input too "
+    "long).",
     401: "The server has an API key and the request did not present it.",
     404: "No such model (or other resource) here.",
     405: "The path takes other methods, which Allow names (a path parameter that is not valid "
@@ -174,7 +175,8 @@ def error_responses(dialect: Dialect) -> dict[int | str, dict[str, Any]]:
     """The error answers a dialect's routes may give, for their OpenAPI documentation (FastAPI's
     `responses`), each in the dialect's own shape."""
     out: dict[int | str, dict[str, Any]] = {
-        status: {"model": ERROR_MODELS[dialect], "description": why} for status, why in _WHEN.items()
+        status: {"model": ERROR_MODELS[dialect], "description": why}
+        for status, why in _WHEN.items()
     }
     out[405]["headers"] = {
         "Allow": {"description": "The path's methods.", "schema": {"type": "string"}}

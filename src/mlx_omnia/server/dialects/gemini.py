@@ -25,6 +25,7 @@ from mlx_omnia import Bounds, Chat, ChatMessage, Model, TextPart, TokenLogprob, 
 from mlx_omnia.server.dialects.common import SSE_EVENT, model_ids, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.generation import (
+    Generation,
     Options,
     Stream,
     documented,
@@ -55,8 +56,9 @@ class _MethodPath(_ModelName):
 
 
 register_url_convertor("gemini_model", _ModelName())
-MODEL_NAME: dict[str, Any] = {"pattern": "^[^:]+$"}  # the OpenAPI schema's word for the same
 register_url_convertor("gemini_method", _MethodPath())
+# The OpenAPI schema's word for a model in a path.
+MODEL_NAME: dict[str, Any] = {"pattern": f"^{_ModelName.regex}$"}
 router = APIRouter()
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
@@ -548,12 +550,10 @@ _STREAMED: dict[int | str, dict[str, Any]] = {
     response_model=None,
     openapi_extra=_body(GENERATE_CONTENT_REQUEST),
 )
-async def generate_content(request: Request, model: str = Path(json_schema_extra=MODEL_NAME)) -> JSONResponse:
-    state = state_of(request)
-    body = await _json_body(request)
-    model_id = _model_id(state, model)
-    parsed = parse_generate(body)
-    generation = parsed.options.generation(model_id, parsed.chat, "contents")
+async def generate_content(
+    request: Request, model: str = Path(json_schema_extra=MODEL_NAME)
+) -> JSONResponse:
+    model_id, parsed, generation = await _generation(request, model)
     wants = generation.options.logprobs is not None
     answers = await run_all(request, generation, parsed.candidates)
     candidates = [
@@ -575,11 +575,7 @@ async def stream_generate_content(
     model: str = Path(json_schema_extra=MODEL_NAME),
     alt: str = Query("json", json_schema_extra={"enum": ["sse", "json"]}),
 ) -> StreamingResponse:
-    state = state_of(request)
-    body = await _json_body(request)
-    model_id = _model_id(state, model)
-    parsed = parse_generate(body)
-    generation = parsed.options.generation(model_id, parsed.chat, "contents")
+    model_id, parsed, generation = await _generation(request, model)
     if alt not in ("sse", "json"):
         raise _bad(f"alt={alt!r} is not supported (use 'sse' or 'json')", "alt")
     streams = await stream_all(request, generation, parsed.candidates)
@@ -591,17 +587,30 @@ async def stream_generate_content(
     )
 
 
+async def _generation(request: Request, model: str) -> tuple[str, Parsed, Generation]:
+    """The model's id, the parsed GenerateContentRequest and its generation."""
+    model_id = _model_id(state_of(request), model)
+    parsed = parse_generate(await _json_body(request))
+    return model_id, parsed, parsed.options.generation(model_id, parsed.chat, "contents")
+
+
 @router.post(
-    "/models/{model:gemini_model}:countTokens", response_model=None, openapi_extra=_body(COUNT_TOKENS_REQUEST)
+    "/models/{model:gemini_model}:countTokens",
+    response_model=None,
+    openapi_extra=_body(COUNT_TOKENS_REQUEST),
 )
-async def count_tokens(request: Request, model: str = Path(json_schema_extra=MODEL_NAME)) -> JSONResponse:
+async def count_tokens(
+    request: Request, model: str = Path(json_schema_extra=MODEL_NAME)
+) -> JSONResponse:
     state = state_of(request)
     body = await _json_body(request)
     return await _count_tokens(state, _model_id(state, model), body)
 
 
 @router.get("/models/{name:gemini_model}")
-async def get_model(request: Request, name: str = Path(json_schema_extra=MODEL_NAME)) -> dict[str, Any]:
+async def get_model(
+    request: Request, name: str = Path(json_schema_extra=MODEL_NAME)
+) -> dict[str, Any]:
     state = state_of(request)
     model_id = _model_id(state, name)
     return await _with_model(state, model_id, lambda m: _model_entry(model_id, m))
@@ -643,7 +652,8 @@ async def _events(
                 candidate = _candidate(i, piece.text, piece.finish_reason, probs)
                 yield frame(_response([candidate], usage, model_id, rid))
             elif piece.text:
-                yield frame(_response([_candidate(i, piece.text, None, probs)], None, model_id, rid))
+                candidate = _candidate(i, piece.text, None, probs)
+                yield frame(_response([candidate], None, model_id, rid))
     except Exception as e:  # never leave a client hanging on a broken stream
         yield frame(error_body("gemini", streams[0].error(e)))
     finally:

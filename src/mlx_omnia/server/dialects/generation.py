@@ -169,36 +169,42 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
     raise ApiError("client_closed", "the client closed the connection before the answer")
 
 
-async def run_all(request: Request, generation: Generation, n: int) -> list[Answer]:
-    """The n choices' answers (one generation each, see Generation.choices). If one fails (a
-    full queue, say), the others are cancelled: nobody would read them."""
-    runs = [asyncio.ensure_future(g.run(request)) for g in generation.choices(n)]
+async def _all(works: Sequence[Awaitable[T]]) -> list[T]:
+    """Every result of `works`, run together. If one fails (a full queue, say), the others are
+    cancelled, a stream one of them had started is closed (nobody would read them), and the
+    failure is raised."""
+    tasks = [asyncio.ensure_future(work) for work in works]
     try:
-        return list(await asyncio.gather(*runs))
+        return list(await asyncio.gather(*tasks))
     except BaseException:
-        for run in runs:
-            run.cancel()
-        await asyncio.gather(*runs, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, Stream):
+                await result.aclose()
         raise
+
+
+async def run_all(request: Request, generation: Generation, n: int) -> list[Answer]:
+    """The n choices' answers (one generation each, see Generation.choices)."""
+    return await _all([g.run(request) for g in generation.choices(n)])
 
 
 async def stream_all(request: Request, generation: Generation, n: int) -> list[Stream]:
     """The n choices' streams, each started (errors before the response have a status)."""
-    streams = await asyncio.gather(
-        *(g.stream(request) for g in generation.choices(n)), return_exceptions=True
-    )
-    started = [s for s in streams if isinstance(s, Stream)]
-    failed = [e for e in streams if not isinstance(e, Stream)]
-    if failed:
-        for stream in started:
-            await stream.aclose()
-        raise failed[0]
-    return started
+    return await _all([g.stream(request) for g in generation.choices(n)])
 
 
 async def merged(streams: Sequence[Stream]) -> AsyncGenerator[tuple[int, Piece], None]:
     """The pieces of several started streams (an API's n choices) as they come, each with its
     stream's index; the first failure is raised. Closing it closes every stream."""
+    if len(streams) == 1:  # the usual case: no tasks, no queue between the tokens
+        try:
+            async for piece in streams[0]:
+                yield 0, piece
+        finally:
+            await streams[0].aclose()
+        return
     queue: asyncio.Queue[tuple[int, Piece | Exception | None]] = asyncio.Queue()
 
     async def pump(i: int, stream: Stream) -> None:

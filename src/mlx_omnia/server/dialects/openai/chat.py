@@ -38,7 +38,9 @@ MESSAGE: dict[str, Any] = {
         "role": {"enum": ["system", "developer", "user", "assistant"]},
         "content": {
             "anyOf": [
-                {"type": "string"}, {"type": "array", "items": text_part(["text"])}, {"type": "null"}
+                {"type": "string"},
+                {"type": "array", "items": text_part(["text"])},
+                {"type": "null"},
             ]
         },
         "name": {"type": "string"},
