@@ -30,6 +30,7 @@ from mlx_omnia.engine.loading.cache import (
 )
 from mlx_omnia.engine.model import Model
 from mlx_omnia.engine.runtime import runtime_info
+from mlx_omnia.engine.text.tools import ToolCall, ToolCallDelta
 from mlx_omnia.engine.types import (
     Bounds,
     Chat,
@@ -69,6 +70,8 @@ __all__ = [
     "TextPart",
     "TokenLogprob",
     "TokenizerError",
+    "ToolCall",
+    "ToolCallDelta",
     "TopLogprob",
     "UnsupportedModelError",
     "Usage",

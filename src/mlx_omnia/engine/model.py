@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,6 +21,7 @@ from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.saving import save_model
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
 from mlx_omnia.engine.text.tokenizer import Tokenizer
+from mlx_omnia.engine.text.tools import Event, ToolCallDelta, ToolCallParser, merge_calls
 from mlx_omnia.engine.types import (
     Chat,
     Completion,
@@ -151,8 +152,10 @@ class Model:
     def encode(self, input: Chat | str) -> list[int]:
         """Prompt token ids: a Chat through the chat template, a str as raw text."""
         if isinstance(input, Chat):
+            tools = input.tools if input.tool_choice != "none" else ()
+            messages, tools = self.tokenizer.tool_format.render(input.messages, tools)
             return self.tokenizer.apply_chat_template(
-                input.messages, tools=input.tools, continue_final=input.continue_final
+                messages, tools=tools, continue_final=input.continue_final
             )
         return self.tokenizer.encode(input)
 
@@ -197,6 +200,11 @@ class Model:
         # A raw prompt or a prefill is continued: its last tokens seed the detokenizer.
         continued = isinstance(input, str) or input.continue_final
         context = prompt[-CONTEXT:] if continued else []
+        if isinstance(input, Chat) and input.tools and input.tool_choice != "none":
+            fmt = self.tokenizer.tool_format
+            keep = frozenset(self.tokenizer.special_ids([fmt.begin, fmt.end]).values())
+            pieces = self._pieces(prompt, sampler, max_tokens, options, context, keep)
+            return _tool_calls(pieces, fmt.parser(), input.parallel_tool_calls, len(prompt))
         return self._pieces(prompt, sampler, max_tokens, options, context)
 
     def generate(self, input: Chat | str, options: GenerationOptions | None = None) -> Completion:
@@ -204,15 +212,19 @@ class Model:
         texts: list[str] = []
         ids: list[int] = []
         probs: list[TokenLogprob] = []
+        calls: list[ToolCallDelta] = []
         finish: FinishReason = "length"
         usage = Usage(0, 0)
         for piece in self.stream(input, options):
             texts.append(piece.text)
             ids.extend(piece.token_ids)
             probs.extend(piece.logprobs)
+            calls.extend(piece.tool_calls)
             if piece.finish_reason is not None and piece.usage is not None:
                 finish, usage = piece.finish_reason, piece.usage
-        return Completion("".join(texts), tuple(ids), finish, usage, tuple(probs))
+        return Completion(
+            "".join(texts), tuple(ids), finish, usage, tuple(probs), merge_calls(calls)
+        )
 
     def save(self, path: str | Path) -> Path:
         """Write this model as an MLX-layout checkpoint directory (config.json with its
@@ -228,9 +240,10 @@ class Model:
         max_tokens: int,
         options: GenerationOptions,
         context: list[int],
+        keep: frozenset[int] = frozenset(),
     ) -> Iterator[Piece]:
         stop_ids = self.tokenizer.eos_token_ids | frozenset(options.stop_token_ids)
-        decoder = self.tokenizer.incremental_decoder()
+        decoder = self.tokenizer.incremental_decoder(keep)
         decoder.seed(context)
         stops = StopMatcher(options.stop)
         pending: list[int] = []
@@ -306,6 +319,55 @@ class Model:
             seed=o.seed,
             logprobs=o.logprobs,
         )
+
+
+def _tool_calls(
+    pieces: Iterator[Piece], parser: ToolCallParser, parallel: bool, prompt_tokens: int
+) -> Iterator[Piece]:
+    """The pieces with tool calls read out of their text (`Piece.tool_calls`); the answer ends
+    with finish_reason "tool_calls" when it ends after calls, and at a second call when only
+    one is allowed."""
+    generated = 0
+    for piece in pieces:
+        generated += len(piece.token_ids)
+        last = piece.finish_reason is not None
+        events = parser.feed(piece.text) + (parser.finish() if last else [])
+        if not parallel and any(isinstance(e, ToolCallDelta) and e.index > 0 for e in events):
+            events = [e for e in events if not (isinstance(e, ToolCallDelta) and e.index > 0)]
+            last = True  # a second call began: the answer ends before it
+            usage = piece.usage or Usage(prompt_tokens, generated)
+            piece = replace(piece, finish_reason="stop", usage=usage)
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()
+        runs = _runs(events) or [[]]
+        for n, run in enumerate(runs):
+            final = last and n == len(runs) - 1
+            finish = piece.finish_reason if final else None
+            if finish == "stop" and parser.calls:
+                finish = "tool_calls"
+            yield Piece(
+                "".join(e for e in run if isinstance(e, str)),
+                piece.token_ids if n == 0 else (),
+                finish_reason=finish,
+                usage=piece.usage if final else None,
+                stop_sequence=piece.stop_sequence if final else None,
+                logprobs=piece.logprobs if n == 0 else (),
+                tool_calls=tuple(e for e in run if isinstance(e, ToolCallDelta)),
+            )
+        if last:
+            return
+
+
+def _runs(events: list[Event]) -> list[list[Event]]:
+    """Events in runs of one kind (text or calls), in order."""
+    runs: list[list[Event]] = []
+    for e in events:
+        if runs and isinstance(runs[-1][0], str) == isinstance(e, str):
+            runs[-1].append(e)
+        else:
+            runs.append([e])
+    return runs
 
 
 def _flush_held(decoder: IncrementalDecoder, stops: StopMatcher) -> str:

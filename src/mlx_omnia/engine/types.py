@@ -11,6 +11,7 @@ from types import UnionType
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from mlx_omnia.engine.errors import InvalidOptionsError
+from mlx_omnia.engine.text.tools import ToolCall, ToolCallDelta, ToolChoice
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -36,12 +37,23 @@ class ChatMessage(TypedDict):
 class Chat:
     """A conversation, rendered through the checkpoint's chat template with the generation prompt.
 
+    `tools`: functions the model may call, OpenAI's shape (`{"type": "function", "function":
+    {"name", "description", "parameters"}}`); calls come back in `Piece.tool_calls` /
+    `Completion.tool_calls`. `tool_choice`: "auto" (the model decides), "none" (no calls are
+    read from the answer), "required" (the answer is one or more calls, forced by a grammar);
+    `allowed_tools`: the names a call may take (all when empty); `parallel_tool_calls`: more
+    than one call an answer. Assistant turns carry `tool_calls` (arguments as JSON text or an
+    object), tool turns `tool_call_id` and the result as content.
+
     `continue_final`: the last message is an assistant turn to continue (a prefill, as
     Anthropic's API takes one): the prompt ends with its text instead of a new assistant turn,
     and the answer is what follows it. The template must echo that text as given."""
 
     messages: tuple[ChatMessage, ...]
     tools: tuple[Mapping[str, Any], ...] = ()
+    tool_choice: ToolChoice = "auto"
+    allowed_tools: tuple[str, ...] = ()
+    parallel_tool_calls: bool = True
     continue_final: bool = False
 
 
@@ -291,7 +303,7 @@ def _unset(f: Field[Any], value: object) -> bool:
     return value is None or empty or value == default
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]  # tool_calls: it ended after calls
 
 
 @dataclass(frozen=True)
@@ -339,6 +351,7 @@ class Piece:
     stop_sequence: str | None = None  # on the last piece: the stop string that ended it, if any
     # with GenerationOptions.logprobs: one a token of token_ids, but an end token's
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # parts of calls, after `text`
 
 
 @dataclass(frozen=True)
@@ -350,6 +363,7 @@ class Completion:
     finish_reason: FinishReason
     usage: Usage
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 ContentType = Literal["text"]

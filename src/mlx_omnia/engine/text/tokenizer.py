@@ -14,6 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from mlx_omnia.engine.errors import ChatTemplateError, TokenizerError
 from mlx_omnia.engine.text.chat_template import ChatTemplate
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
+from mlx_omnia.engine.text.tools import ToolFormat, tool_format
 
 
 def _token_text(value: Any) -> str | None:
@@ -136,11 +137,36 @@ class Tokenizer:
             )
         return self.encode(text, add_special_tokens=False)
 
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(
+        self, ids: Sequence[int], *, skip_special_tokens: bool = True,
+        keep: frozenset[int] = frozenset(),
+    ) -> str:
+        """The text of `ids`; special tokens are left out (`skip_special_tokens`) except those
+        in `keep` (markers a parser reads, such as a tool call's)."""
+        if not keep or not skip_special_tokens or keep.isdisjoint(ids):
+            return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        parts: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if i in keep:
+                parts += [self._tok.decode(run, skip_special_tokens=True), self._tok.id_to_token(i) or ""]
+                run = []
+            else:
+                run.append(i)
+        parts.append(self._tok.decode(run, skip_special_tokens=True))
+        return "".join(parts)
 
-    def incremental_decoder(self) -> IncrementalDecoder:
-        return IncrementalDecoder(lambda ids: self.decode(ids))
+    def incremental_decoder(self, keep: frozenset[int] = frozenset()) -> IncrementalDecoder:
+        return IncrementalDecoder(lambda ids: self.decode(ids, keep=keep))
+
+    @functools.cached_property
+    def tool_format(self) -> ToolFormat:
+        """How this checkpoint's template writes tool calls (the generic form without one)."""
+        return tool_format(self.chat_template.source if self.chat_template else None)
+
+    def special_ids(self, texts: Sequence[str]) -> dict[str, int]:
+        """The special (added) tokens among `texts`, by text: a marker that is one token."""
+        return {t: i for t in texts if t in self._added and (i := self._tok.token_to_id(t)) is not None}
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
