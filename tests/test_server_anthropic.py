@@ -107,7 +107,7 @@ def test_stream_event_sequence(server: LiveServer) -> None:
         assert data["type"] == lines["event"]
         events.append((lines["event"], data))
     names = [name for name, _ in events]
-    assert names[:3] == ["message_start", "content_block_start", "ping"]
+    assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(names[3:-3]) <= {"content_block_delta"} and len(names) > 6
     start = events[0][1]["message"]
@@ -302,9 +302,10 @@ def _bad(client: anthropic.Anthropic, **kwargs: Any) -> anthropic.BadRequestErro
 
 def test_bad_requests(client: anthropic.Anthropic) -> None:
     assert "frobnicate" in _bad(client, extra_body={"frobnicate": 1}).message
-    assert (
-        "tools" in _bad(client, tools=[{"name": "f", "input_schema": {"type": "object"}}]).message
-    )
+    web = {"type": "web_search_20250305", "name": "web_search"}
+    assert "tools.0.type" in _bad(client, tools=[web]).message
+    assert "input_schema" in _bad(client, tools=[{"name": "f"}]).message
+    assert "tool_choice" in _bad(client, tool_choice={"type": "any"}).message  # no tools
     assert "temperature" in _bad(client, extra_body={"temperature": "0.5"}).message
     assert "temperature" in _bad(client, extra_body={"temperature": 1.5}).message
     assert "max_tokens" in _bad(client, max_tokens=0).message
@@ -314,15 +315,14 @@ def test_bad_requests(client: anthropic.Anthropic) -> None:
     }
     assert "image" in _bad(client, messages=[{"role": "user", "content": [image]}]).message
     tool_result = {"type": "tool_result", "tool_use_id": "t1", "content": "x"}
-    assert (
-        "tool_result" in _bad(client, messages=[{"role": "user", "content": [tool_result]}]).message
-    )
+    in_assistant = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [tool_result]}]
+    assert "tool_result" in _bad(client, messages=in_assistant).message
     document = {
         "type": "document",
         "source": {"type": "text", "media_type": "text/plain", "data": "x"},
     }
     assert "document" in _bad(client, messages=[{"role": "user", "content": [document]}]).message
-    assert "role" in _bad(client, messages=[{"role": "system", "content": "hi"}]).message
+    assert "role" in _bad(client, messages=[{"role": "tool", "content": "hi"}]).message
     assert (
         "trailing whitespace"
         in _bad(

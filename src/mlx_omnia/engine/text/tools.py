@@ -31,6 +31,11 @@ class ToolCall:
     name: str
     arguments: str
 
+    @staticmethod
+    def joined(deltas: Sequence[ToolCallDelta]) -> tuple[ToolCall, ...]:
+        """The whole calls that streamed deltas make, in order."""
+        return merge_calls(deltas)
+
 
 @dataclass(frozen=True)
 class ToolCallDelta:

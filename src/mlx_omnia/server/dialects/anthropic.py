@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any, Literal, cast
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ConfigDict, Field
 
-from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TextPart
+from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TextPart, ToolCallDelta
 from mlx_omnia.server.dialects.common import (
     STREAMED,
     model_ids,
@@ -21,6 +22,7 @@ from mlx_omnia.server.dialects.common import (
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.generation import Options, documented
+from mlx_omnia.server.dialects.tools import declared, function_tool, unique
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
@@ -48,8 +50,17 @@ LIMITS = {
     "stop": Bounds(nonempty=True),
 }
 
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
-ROLES: dict[str, Literal["user", "assistant"]] = {"user": "user", "assistant": "assistant"}
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+ROLES: dict[str, Literal["user", "assistant", "system"]] = {
+    "user": "user", "assistant": "assistant", "system": "system"
+}
+ToolChoice = Literal["auto", "none", "required"]
+# Keys of a custom tool (cache_control: a caching hint; defer_loading: tool search's hint, the
+# tool is declared to the model all the same; strict: arguments follow the schema, which a
+# forced call's grammar does).
+TOOL_KEYS = frozenset(
+    {"type", "name", "description", "input_schema", "cache_control", "defer_loading", "strict"}
+)
 
 
 class _Strict(Body):
@@ -140,12 +151,120 @@ def _text_blocks(content: Any, where: str) -> str | list[TextPart]:
     return blocks
 
 
+def _blocks(content: Any, where: str) -> list[dict[str, object]]:
+    """A message's content as a list of blocks (a string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise ApiError(
+            "invalid_request", f"{where}: must be a string or a list of content blocks", where
+        )
+    blocks: list[dict[str, object]] = []
+    for j, item in enumerate(cast(list[object], content)):
+        if not isinstance(item, dict):
+            at = f"{where}.{j}"
+            raise ApiError("invalid_request", f"{at}: a content block must be an object", at)
+        blocks.append(cast(dict[str, object], item))
+    return blocks
+
+
+def _result_text(block: dict[str, object], at: str) -> str:
+    """A tool_result's content as text (a string or text blocks); an error result says so."""
+    content = block.get("content", "")
+    text = content if isinstance(content, str) else "\n".join(
+        b["text"] for b in cast(list[TextPart], _text_blocks(content, f"{at}.content"))
+    )
+    if block.get("is_error") is True:
+        return f"Error: {text}"
+    return text
+
+
+def _turns(role: Literal["user", "assistant"], content: Any, where: str) -> list[ChatMessage]:
+    """One Anthropic message as the engine's turns: text, an assistant's tool_use blocks as its
+    tool calls, a user's tool_result blocks as tool turns (before the user's text). Earlier
+    thinking is dropped, as templates drop it (clear_thinking keeps nothing more)."""
+    texts: list[TextPart] = []
+    calls: list[dict[str, Any]] = []
+    results: list[ChatMessage] = []
+    for j, block in enumerate(_blocks(content, where)):
+        at = f"{where}.{j}"
+        kind = block.get("type")
+        if kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue
+        if kind == "tool_use" and role == "assistant":
+            name, call_id, arguments = block.get("name"), block.get("id"), block.get("input")
+            if not isinstance(name, str) or not isinstance(call_id, str) or not isinstance(arguments, dict):
+                raise ApiError(
+                    "invalid_request", f"{at}: a tool_use block needs id, name and an input object", at
+                )
+            calls.append({"id": call_id, "type": "function", "function": {
+                "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+            continue
+        if kind == "tool_result" and role == "user":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str):
+                raise ApiError("invalid_request", f"{at}.tool_use_id: must be a string", f"{at}.tool_use_id")
+            results.append({"role": "tool", "tool_call_id": call_id, "content": _result_text(block, at)})
+            continue
+        texts += cast(list[TextPart], _text_blocks([block], where))
+    turns: list[ChatMessage] = list(results)
+    if role == "assistant":
+        message: ChatMessage = {"role": "assistant", "content": texts}
+        if calls:
+            message["tool_calls"] = calls
+        turns.append(message)
+    elif texts or not results:
+        turns.append({"role": "user", "content": texts})
+    return turns
+
+
+def _tools(body: CountTokensRequest) -> tuple[tuple[dict[str, Any], ...], ToolChoice, tuple[str, ...], bool]:
+    """The request's custom tools in the engine's shape and how they may be called."""
+    declared_tools: list[dict[str, Any]] = []
+    for i, tool in enumerate(body.tools or []):
+        where = f"tools.{i}"
+        if tool.get("type", "custom") != "custom":
+            raise ApiError(
+                "invalid_request",
+                f"{where}.type: server tools ({tool.get('type')!r}) are not supported by this "
+                "server; declare custom tools (name, description, input_schema)",
+                f"{where}.type",
+            )
+        for key in tool:
+            if key not in TOOL_KEYS:
+                raise ApiError(
+                    "invalid_request", f"{where}.{key}: field is not supported by this server",
+                    f"{where}.{key}",
+                )
+        if "input_schema" not in tool:
+            raise ApiError("invalid_request", f"{where}.input_schema: Field required", f"{where}.input_schema")
+        declared_tools.append(
+            function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), where)
+        )
+    tools = unique(declared_tools, "tools")
+    choice = body.tool_choice or {"type": "auto"}
+    kind = choice.get("type")
+    parallel = choice.get("disable_parallel_tool_use") is not True
+    if kind not in ("auto", "any", "tool", "none"):
+        raise ApiError(
+            "invalid_request", "tool_choice.type: must be auto, any, tool or none", "tool_choice.type"
+        )
+    if kind == "auto":
+        return tools, "auto", (), parallel
+    if not tools and kind != "none":
+        raise ApiError("invalid_request", "tool_choice: needs tools", "tool_choice")
+    if kind == "none":
+        return tools, "none", (), parallel
+    if kind == "tool":
+        return tools, "required", (declared(choice.get("name"), tools, "tool_choice.name"),), parallel
+    return tools, "required", (), parallel
+
+
 def chat_of(body: CountTokensRequest) -> Chat:
     out: list[ChatMessage] = []
+    system: list[TextPart] = []
     if body.system is not None:
-        system = _text_blocks(body.system, "system")
-        if system:  # an empty system prompt is no system prompt
-            out.append({"role": "system", "content": system})
+        system += _as_parts(_text_blocks(body.system, "system"))
     if not body.messages:
         raise ApiError("invalid_request", "messages: at least one message is required", "messages")
     for i, m in enumerate(body.messages):
@@ -167,35 +286,55 @@ def chat_of(body: CountTokensRequest) -> Chat:
             raise ApiError(
                 "invalid_request", f"messages.{i}.content: Field required", f"messages.{i}.content"
             )
-        content = _text_blocks(m["content"], f"messages.{i}.content")
-        out.append({"role": role, "content": content})
+        if role == "system":  # Claude Code's turn-by-turn system text: one system prompt
+            system += _as_parts(_text_blocks(m["content"], f"messages.{i}.content"))
+            continue
+        out += _turns(role, m["content"], f"messages.{i}.content")
+    if any(p["text"] for p in system):  # an empty system prompt is no system prompt
+        out.insert(0, {"role": "system", "content": system})
     # A final assistant turn is a prefill: the answer continues its text (and holds only what
     # follows it). As Anthropic's API, its text may not end with whitespace.
-    prefill = body.messages[-1].get("role") == "assistant"
-    final = _text_blocks(body.messages[-1]["content"], "messages")
-    tail = final if isinstance(final, str) else "".join(b["text"] for b in final[-1:])
-    if prefill and tail != tail.rstrip():
-        at = f"messages.{len(body.messages) - 1}.content"
+    last = body.messages[-1]
+    prefill = last.get("role") == "assistant"
+    if prefill:
+        final = out[-1]
+        parts = final["content"]
+        tail = parts if isinstance(parts, str) else "".join(b["text"] for b in parts[-1:])
+        if final.get("tool_calls"):
+            raise ApiError(
+                "invalid_request", "messages: a final assistant message cannot hold tool_use blocks "
+                "(send their tool_result blocks in a user message)", "messages",
+            )
+        if tail != tail.rstrip():
+            at = f"messages.{len(body.messages) - 1}.content"
+            raise ApiError(
+                "invalid_request", f"{at}: final assistant content cannot end with trailing whitespace", at
+            )
+    _check_thinking(body.thinking)
+    tools, choice, allowed, parallel = _tools(body)
+    return Chat(tuple(out), tools, choice, allowed, parallel, continue_final=prefill)
+
+
+def _as_parts(content: str | list[TextPart]) -> list[TextPart]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _check_thinking(thinking: dict[str, Any] | None) -> None:
+    """Extended thinking: accepted (adaptive, enabled, disabled); a model without a thinking
+    template answers as it always does, which is what thinking allows."""
+    if thinking is None:
+        return
+    kind = thinking.get("type")
+    if kind not in ("enabled", "disabled", "adaptive"):
         raise ApiError(
-            "invalid_request", f"{at}: final assistant content cannot end with trailing whitespace", at
+            "invalid_request", "thinking.type: must be enabled, disabled or adaptive", "thinking.type"
         )
-    if body.tools:
+    budget = thinking.get("budget_tokens")
+    if kind == "enabled" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024):
         raise ApiError(
-            "invalid_request", "tools: tool use is not supported by this server", "tools"
+            "invalid_request", "thinking.budget_tokens: must be an integer >= 1024",
+            "thinking.budget_tokens",
         )
-    if body.tool_choice is not None and body.tool_choice.get("type") not in ("auto", "none"):
-        raise ApiError(
-            "invalid_request",
-            "tool_choice: tool use is not supported by this server",
-            "tool_choice",
-        )
-    if body.thinking is not None and body.thinking.get("type") != "disabled":
-        raise ApiError(
-            "invalid_request",
-            "thinking: extended thinking is not supported by this model",
-            "thinking",
-        )
-    return Chat(tuple(out), continue_final=prefill)
 
 
 def options_of(body: MessagesRequest) -> Options:
@@ -214,6 +353,8 @@ def stop_of(last: Piece) -> tuple[StopReason, str | None]:
         return "stop_sequence", last.stop_sequence
     if last.finish_reason == "length":
         return "max_tokens", None
+    if last.finish_reason == "tool_calls":
+        return "tool_use", None
     return "end_turn", None
 
 
@@ -246,6 +387,59 @@ def _message(
     }
 
 
+def _input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as tool_use input: the object the model wrote, or {} for text that is
+    no JSON object (an answer cut short)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return cast(dict[str, Any], value) if isinstance(value, dict) else {}
+
+
+class Blocks:
+    """A streamed answer's content blocks: text, then each tool call (its input as JSON
+    deltas), each opened when its first part comes and closed when the next opens."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None
+
+    def _start(self, block: dict[str, Any]) -> list[str]:
+        events = self.close()
+        self.index += 1
+        self.open = str(block["type"])
+        events.append(sse({"type": "content_block_start", "index": self.index,
+                           "content_block": block}, "content_block_start"))
+        return events
+
+    def close(self, final: bool = False) -> list[str]:
+        """Close the open block; `final` with none ever opened: an empty text block."""
+        if self.open is None and final and self.index < 0:
+            return [*self._start({"type": "text", "text": ""}), *self.close()]
+        if self.open is None:
+            return []
+        self.open = None
+        return [sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")]
+
+    def text(self, text: str) -> list[str]:
+        events = self._start({"type": "text", "text": ""}) if self.open != "text" else []
+        delta = {"type": "text_delta", "text": text}
+        return [*events, sse({"type": "content_block_delta", "index": self.index, "delta": delta},
+                             "content_block_delta")]
+
+    def call(self, delta: ToolCallDelta) -> list[str]:
+        events: list[str] = []
+        if delta.name is not None:
+            events = self._start({"type": "tool_use", "id": new_id("toolu_"), "name": delta.name,
+                                  "input": {}})
+        if delta.arguments:
+            json_delta = {"type": "input_json_delta", "partial_json": delta.arguments}
+            events.append(sse({"type": "content_block_delta", "index": self.index,
+                               "delta": json_delta}, "content_block_delta"))
+        return events
+
+
 async def _count(state: ServerState, model_id: str, chat: Chat) -> int:
     return await state.with_model(model_id, lambda model: len(model.encode(chat)))
 
@@ -262,11 +456,19 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
     if not body.stream:
         answer = await generation.run(request)
         stop, stop_sequence = stop_of(answer.last)
+        content: list[dict[str, Any]] = []
+        if answer.text or not answer.tool_calls:
+            content.append({"type": "text", "text": answer.text})
+        content += [
+            {"type": "tool_use", "id": new_id("toolu_"), "name": call.name,
+             "input": _input(call.arguments)}
+            for call in answer.tool_calls
+        ]
         return JSONResponse(
             _message(
                 mid,
                 model_id,
-                [{"type": "text", "text": answer.text}],
+                content,
                 stop,
                 stop_sequence,
                 _usage(answer.usage.prompt_tokens, answer.usage.completion_tokens),
@@ -288,30 +490,21 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
             },
             "message_start",
         )
-        yield sse(
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-            "content_block_start",
-        )
         yield sse({"type": "ping"}, "ping")
+        blocks = Blocks()
         try:
             async for piece in stream:
                 if piece.text:
-                    yield sse(
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "text_delta", "text": piece.text},
-                        },
-                        "content_block_delta",
-                    )
+                    for event in blocks.text(piece.text):
+                        yield event
+                for delta in piece.tool_calls:
+                    for event in blocks.call(delta):
+                        yield event
                 if piece.finish_reason is not None:
                     assert piece.usage is not None
                     stop, stop_sequence = stop_of(piece)
-                    yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                    for event in blocks.close(final=True):
+                        yield event
                     yield sse(
                         {
                             "type": "message_delta",

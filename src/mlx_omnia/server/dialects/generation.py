@@ -22,6 +22,7 @@ from mlx_omnia import (
     OptionSpec,
     Piece,
     TokenLogprob,
+    ToolCall,
     Usage,
     generation_options,
 )
@@ -128,7 +129,8 @@ class Generation:
         if last.usage is None:
             raise ApiError("internal", "generation ended without a finish")
         text = "".join(p.text for p in pieces)
-        return Answer(text, tuple(e for p in pieces for e in p.logprobs), last, last.usage)
+        calls = ToolCall.joined([d for p in pieces for d in p.tool_calls])
+        return Answer(text, tuple(e for p in pieces for e in p.logprobs), last, last.usage, calls)
 
     async def stream(self, request: Request) -> Stream:
         """Start generating and wait for the first piece, so that model, input and option errors
@@ -237,12 +239,13 @@ async def merged(streams: Sequence[Stream]) -> AsyncGenerator[tuple[int, Piece],
 @dataclass(frozen=True)
 class Answer:
     """A whole generation: its text and log-probabilities, its last piece (finish reason, stop
-    sequence) and usage."""
+    sequence), usage and tool calls."""
 
     text: str
     logprobs: tuple[TokenLogprob, ...]
     last: Piece
     usage: Usage
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class Stream:

@@ -212,7 +212,7 @@ def events(
         pieces = merged(streams)
         try:
             async for i, piece in pieces:
-                if piece.text or piece.logprobs:
+                if piece.text or piece.logprobs or piece.tool_calls:
                     yield sse(chunk_of(piece, i, sent[i]))
                     sent[i] += len(piece.text)
                 if piece.finish_reason is None:
