@@ -256,18 +256,14 @@ def test_unknown_model_404(client: genai.Client) -> None:
         ),
         (types.GenerateContentConfig(response_schema={"type": "STRING"}), "responseSchema"),
         (types.GenerateContentConfig(candidate_count=9), "candidateCount"),
-        (
-            types.GenerateContentConfig(thinking_config=types.ThinkingConfig(thinking_budget=1024)),
-            "thinkingConfig",
-        ),
         (types.GenerateContentConfig(logprobs=3), "logprobs"),
         (types.GenerateContentConfig(response_logprobs=True, logprobs=21), "logprobs"),
         (
             types.GenerateContentConfig(
-                tools=[types.Tool(function_declarations=[types.FunctionDeclaration(name="f")])],
+                tools=[types.Tool(google_search=types.GoogleSearch())],
                 automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
             ),
-            "tools",
+            "googleSearch",
         ),
         (types.GenerateContentConfig(cached_content="cachedContents/abc"), "cachedContent"),
     ],
@@ -295,8 +291,7 @@ def test_non_text_parts_400(client: genai.Client) -> None:
     e = _client_error(
         client.models.generate_content,
         model=MODEL,
-        contents=[types.Content(role="user", parts=[types.Part(text="hi")]),
-                  types.Content(role="model", parts=[call])],
+        contents=[types.Content(role="user", parts=[types.Part(text="hi"), call])],
     )
     assert e.code == 400 and "functionCall" in (e.message or "")
 

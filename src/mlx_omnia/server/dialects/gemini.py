@@ -21,7 +21,17 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.convertors import Convertor, register_url_convertor
 
-from mlx_omnia import Bounds, Chat, ChatMessage, Model, TextPart, TokenLogprob, Usage
+from mlx_omnia import (
+    Bounds,
+    Chat,
+    ChatMessage,
+    Model,
+    TextPart,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 from mlx_omnia.server.dialects.common import SSE_EVENT, model_ids, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.generation import (
@@ -33,6 +43,7 @@ from mlx_omnia.server.dialects.generation import (
     run_all,
     stream_all,
 )
+from mlx_omnia.server.dialects.tools import declared, function_tool, unique
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
@@ -70,9 +81,15 @@ HARMLESS = frozenset({"safetySettings", "labels", "serviceTier", "model"})
 HARMLESS_CONFIG = frozenset({"mediaResolution"})
 # Part fields that carry non-text content: refused with a message saying so.
 MEDIA_PARTS = frozenset(
-    {"inlineData", "fileData", "functionCall", "functionResponse", "executableCode",
-     "codeExecutionResult", "videoMetadata", "toolCall", "toolResponse"}
+    {"inlineData", "fileData", "executableCode", "codeExecutionResult", "videoMetadata",
+     "toolCall", "toolResponse"}
 )
+# A functionDeclaration's fields (behavior: blocking or not, a client-side matter).
+DECLARATION_KEYS = frozenset(
+    {"name", "description", "parameters", "parametersJsonSchema", "behavior", "response",
+     "responseJsonSchema"}
+)
+ToolChoice = Literal["auto", "none", "required"]
 # Gemini's own bounds, tighter than the engine's.
 LIMITS = {"max_tokens": Bounds(ge=1), "stop": Bounds(max_items=5, nonempty=True)}
 # generationConfig's fields that are GenerationOptions fields: numbers, integers.
@@ -89,7 +106,7 @@ MAX_CANDIDATES = 8  # candidateCount, as Gemini's API allows
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 
-FINISH: dict[str, str] = {"stop": "STOP", "length": "MAX_TOKENS"}
+FINISH: dict[str, str] = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP"}
 
 T = TypeVar("T")
 
@@ -153,7 +170,21 @@ def _unknown(name: str, where: str = "") -> ApiError:
 
 
 def _texts(content: object, where: str) -> tuple[str | None, list[str]]:
-    """The role and the text parts of one Content."""
+    """The role and the text parts of one Content (a system instruction's)."""
+    role, parts = _parts(content, where)
+    for j, part in enumerate(parts):
+        if not isinstance(part, str):
+            at = f"{where}.parts[{j}]"
+            raise _bad(f"{at} must have a text field (only text parts are supported)", at)
+    return role, cast(list[str], parts)
+
+
+Part = str | tuple[Literal["functionCall", "functionResponse"], dict[str, Any]]
+
+
+def _parts(content: object, where: str) -> tuple[str | None, list[Part]]:
+    """The role and the parts of one Content: texts, function calls and responses; thoughts
+    of earlier turns are dropped (templates drop them too)."""
     c = _obj(content, where)
     for key in c:
         if key not in ("role", "parts"):
@@ -162,28 +193,67 @@ def _texts(content: object, where: str) -> tuple[str | None, list[str]]:
     parts = _list(c.get("parts", []), f"{where}.parts")
     if not parts:
         raise _bad(f"{where}.parts must hold at least one part", f"{where}.parts")
-    texts: list[str] = []
+    out: list[Part] = []
     for j, raw in enumerate(parts):
         at = f"{where}.parts[{j}]"
         part = _obj(raw, at)
-        for key, value in part.items():
+        kinds = [k for k in part if k in ("text", "functionCall", "functionResponse")]
+        for key in part:
             if key in MEDIA_PARTS:
                 raise _bad(
-                    f"{at}.{key}: only text parts are supported by this model", f"{at}.{key}"
+                    f"{at}.{key}: only text and function parts are supported by this model",
+                    f"{at}.{key}",
                 )
-            if key == "thought" and value is True:
-                raise _bad(f"{at}.thought: thought parts are not supported", f"{at}.thought")
-            if key not in ("text", "thought", "thoughtSignature"):
+            if key not in ("text", "thought", "thoughtSignature", "functionCall", "functionResponse"):
                 raise _unknown(key, at)
-        if "text" not in part:
-            raise _bad(f"{at} must have a text field (only text parts are supported)", at)
-        texts.append(_str(part["text"], f"{at}.text"))
-    return role, texts
+        if len(kinds) != 1:
+            raise _bad(f"{at} must have one of text, functionCall or functionResponse", at)
+        if part.get("thought") is True:
+            continue
+        if kinds[0] == "text":
+            out.append(_str(part["text"], f"{at}.text"))
+            continue
+        value = _obj(part[kinds[0]], f"{at}.{kinds[0]}")
+        _str(value.get("name"), f"{at}.{kinds[0]}.name")
+        out.append((cast(Literal["functionCall", "functionResponse"], kinds[0]), value))
+    return role, out
+
+
+def _turns(role: str | None, parts: list[Part], where: str) -> list[ChatMessage]:
+    """One Content as the engine's turns: a model's calls as an assistant's tool_calls, a
+    user's function responses as tool turns (before its text)."""
+    texts = [p for p in parts if isinstance(p, str)]
+    calls: list[dict[str, Any]] = []
+    results: list[ChatMessage] = []
+    for j, part in enumerate(parts):
+        if isinstance(part, str):
+            continue
+        kind, value = part
+        at = f"{where}.parts[{j}].{kind}"
+        if kind == "functionCall" and role == "model":
+            args = _obj(value.get("args", {}), f"{at}.args") if "args" in value else {}
+            calls.append({"id": str(value.get("id", "")), "type": "function", "function": {
+                "name": value["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+        elif kind == "functionResponse" and role in (None, "", "user", "function", "tool"):
+            response = _obj(value.get("response", {}), f"{at}.response")
+            results.append({"role": "tool", "tool_call_id": str(value.get("id", "")),
+                            "name": value["name"], "content": json.dumps(response, ensure_ascii=False)})
+        else:
+            raise _bad(f"{at}: a {kind} part cannot be in a {role or 'user'} turn", at)
+    if role == "model":
+        message = ChatMessage(role="assistant", content=_content_of(texts))
+        if calls:
+            message["tool_calls"] = calls
+        return [message]
+    turns = list(results)
+    if texts or not results:
+        turns.append(ChatMessage(role="user", content=_content_of(texts)))
+    return turns
 
 
 def _content_of(texts: list[str]) -> str | list[TextPart]:
-    if len(texts) == 1:
-        return texts[0]
+    if len(texts) <= 1:
+        return texts[0] if texts else ""
     return [{"type": "text", "text": t} for t in texts]
 
 
@@ -206,29 +276,117 @@ def chat_of(body: dict[str, Any]) -> Chat:
         messages.append(_system(body["systemInstruction"]))
     for i, content in enumerate(contents):
         where = f"contents[{i}]"
-        role, texts = _texts(content, where)
-        if role in (None, "", "user"):
-            messages.append(ChatMessage(role="user", content=_content_of(texts)))
-        elif role == "model":
-            messages.append(ChatMessage(role="assistant", content=_content_of(texts)))
-        elif role in ("function", "tool"):
-            raise _bad(f"{where}: function responses are not supported yet", f"{where}.role")
-        else:
+        role, parts = _parts(content, where)
+        if role not in (None, "", "user", "model", "function", "tool"):
             raise _bad(
                 f"{where}.role {role!r} is not valid (use 'user' or 'model')", f"{where}.role"
             )
-    return Chat(tuple(messages))
+        messages += _turns(role, parts, where)
+    tools = _tools(body.get("tools", []))
+    choice, allowed = _tool_config(body.get("toolConfig", {}), tools)
+    return Chat(tuple(messages), tools, choice, allowed)
 
 
-def _thinking_off(value: object, where: str) -> None:
-    """A thinkingConfig that asks for no thinking cannot change this model's output."""
+def _tools(value: object) -> tuple[dict[str, Any], ...]:
+    """Every functionDeclaration of `tools` in the engine's shape; other tools refused."""
+    out: list[dict[str, Any]] = []
+    for i, raw in enumerate(_list(value, "tools")):
+        where = f"tools[{i}]"
+        tool = _obj(raw, where)
+        for key, v in tool.items():
+            if key != "functionDeclarations":
+                raise _bad(
+                    f"{where}.{key}: only functionDeclarations are supported by this server",
+                    f"{where}.{key}",
+                )
+            for j, d in enumerate(_list(v, f"{where}.{key}")):
+                at = f"{where}.functionDeclarations[{j}]"
+                declaration = _obj(d, at)
+                for name in declaration:
+                    if name not in DECLARATION_KEYS:
+                        raise _unknown(name, at)
+                if "parameters" in declaration and "parametersJsonSchema" in declaration:
+                    raise _bad(f"{at}: send parameters or parametersJsonSchema, not both", at)
+                schema = declaration.get("parametersJsonSchema")
+                if "parameters" in declaration:
+                    schema = _json_schema(declaration["parameters"], f"{at}.parameters")
+                out.append(function_tool(
+                    declaration.get("name"), declaration.get("description"), schema, at
+                ))
+    return unique(out, "tools")
+
+
+def _json_schema(value: object, where: str) -> dict[str, Any]:
+    """A Gemini Schema (OpenAPI's subset: upper-case types, nullable) as JSON Schema."""
+    schema = _obj(value, where)
+    out: dict[str, Any] = {}
+    for key, v in schema.items():
+        if key == "type":
+            out["type"] = _str(v, f"{where}.type").lower()
+        elif key in ("properties", "$defs", "defs"):
+            out["$defs" if key != "properties" else key] = {
+                str(k): _json_schema(s, f"{where}.{key}.{k}") for k, s in _obj(v, f"{where}.{key}").items()
+            }
+        elif key == "items":
+            out[key] = _json_schema(v, f"{where}.items")
+        elif key == "anyOf":
+            out[key] = [_json_schema(s, f"{where}.anyOf[{n}]") for n, s in enumerate(_list(v, where))]
+        elif key in ("minItems", "maxItems", "minLength", "maxLength", "minProperties",
+                     "maxProperties"):
+            out[key] = _int(v, f"{where}.{key}")
+        elif key in ("nullable", "propertyOrdering", "title", "example"):
+            continue
+        else:
+            out[key] = v
+    if schema.get("nullable") is True and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _tool_config(value: object, tools: tuple[dict[str, Any], ...]) -> tuple[ToolChoice, tuple[str, ...]]:
+    """toolConfig.functionCallingConfig: AUTO (or VALIDATED), ANY (with allowed names), NONE."""
+    where = "toolConfig"
+    config = _obj(value, where)
+    for key in config:
+        if key not in ("functionCallingConfig", "retrievalConfig"):
+            raise _unknown(key, where)
+    calling = _obj(config.get("functionCallingConfig", {}), f"{where}.functionCallingConfig")
+    at = f"{where}.functionCallingConfig"
+    for key in calling:
+        if key not in ("mode", "allowedFunctionNames"):
+            raise _unknown(key, at)
+    mode = _str(calling.get("mode", "AUTO"), f"{at}.mode")
+    names = tuple(
+        declared(n, tools, f"{at}.allowedFunctionNames[{i}]")
+        for i, n in enumerate(_list(calling.get("allowedFunctionNames", []), f"{at}.allowedFunctionNames"))
+    )
+    if mode in ("AUTO", "VALIDATED", "MODE_UNSPECIFIED"):
+        if names:
+            raise _bad(f"{at}.allowedFunctionNames is only valid with mode ANY", f"{at}.allowedFunctionNames")
+        return "auto", ()
+    if mode == "NONE":
+        return "none", ()
+    if mode == "ANY":
+        if not tools:
+            raise _bad(f"{at}.mode ANY needs functionDeclarations in tools", f"{at}.mode")
+        return "required", names
+    raise _bad(f"{at}.mode must be AUTO, ANY, NONE or VALIDATED", f"{at}.mode")
+
+
+def _thinking(value: object, where: str) -> None:
+    """A thinkingConfig: accepted; a model without a thinking template answers as it always
+    does (its budget and whether thoughts are shown cannot change that)."""
     cfg = _obj(value, where)
     for key, v in cfg.items():
-        if key == "thinkingBudget" and _int(v, f"{where}.thinkingBudget") == 0:
-            continue
-        if key == "includeThoughts" and v is False:
-            continue
-        raise _bad(f"{where}: thinking is not supported by this model", where)
+        if key == "thinkingBudget":
+            _int(v, f"{where}.thinkingBudget")
+        elif key == "includeThoughts":
+            if not isinstance(v, bool):
+                raise _bad(f"{where}.includeThoughts must be a boolean", f"{where}.includeThoughts")
+        elif key == "thinkingLevel":
+            _str(v, f"{where}.thinkingLevel")
+        else:
+            raise _unknown(key, where)
 
 
 def options_of(value: object) -> tuple[Options, int]:
@@ -267,7 +425,7 @@ def options_of(value: object) -> tuple[Options, int]:
             if v is not False:
                 raise _bad(f"{at} is not supported by this server", at)
         elif key == "thinkingConfig":
-            _thinking_off(v, at)
+            _thinking(v, at)
         elif key not in HARMLESS_CONFIG:
             # responseSchema, responseJsonSchema, speechConfig, imageConfig, ...
             raise _unknown(key, where)
@@ -288,15 +446,11 @@ class Parsed:
 
 def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
     """A GenerateContentRequest: every field honoured or refused by name."""
-    prefix = f"{where}." if where else ""
-    for key, value in body.items():
-        if key in ("contents", "systemInstruction", "generationConfig") or key in HARMLESS:
+    for key in body:
+        if key in ("contents", "systemInstruction", "generationConfig", "tools", "toolConfig"):
             continue
-        if key == "tools" and _list(value, f"{prefix}tools") == []:
-            continue
-        if key in ("tools", "toolConfig"):
-            raise _bad(f"{prefix}{key}: tools are not supported yet", f"{prefix}{key}")
-        raise _unknown(key, where)
+        if key not in HARMLESS:
+            raise _unknown(key, where)
     try:
         chat = chat_of(body)
         options, candidates = options_of(body.get("generationConfig", {}))
@@ -415,11 +569,12 @@ def logprobs_result(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
 
 
 def _candidate(
-    index: int, text: str, finish: str | None, logprobs: Sequence[TokenLogprob] | None = None
+    index: int, text: str, finish: str | None, logprobs: Sequence[TokenLogprob] | None = None,
+    calls: Sequence[ToolCall] = (),
 ) -> dict[str, Any]:
-    candidate: dict[str, Any] = {
-        "content": {"role": "model", "parts": [{"text": text}]}, "index": index
-    }
+    parts: list[dict[str, Any]] = [{"text": text}] if text or not calls else []
+    parts += [{"functionCall": {"name": c.name, "args": _args(c.arguments)}} for c in calls]
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": index}
     if finish is not None:
         candidate["finishReason"] = FINISH.get(finish, "OTHER")
     if logprobs is not None:
@@ -427,6 +582,16 @@ def _candidate(
         if logprobs:
             candidate["avgLogprobs"] = sum(e.logprob for e in logprobs) / len(logprobs)
     return candidate
+
+
+def _args(arguments: str) -> dict[str, Any]:
+    """A call's arguments as functionCall.args: the object the model wrote, or {} for text that
+    is no JSON object (an answer cut short)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return cast(dict[str, Any], value) if isinstance(value, dict) else {}
 
 
 def _response(
@@ -457,19 +622,40 @@ def _number(option: str) -> dict[str, Any]:
     return _nullable({"type": "number", **documented(option, LIMITS)})
 
 
+_CALL: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": _nullable({"type": "string"}),
+        "name": {"type": "string"},
+        "args": _nullable({"type": "object"}),
+    },
+    "required": ["name"],
+}
+_RESPONSE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": _nullable({"type": "string"}),
+        "name": {"type": "string"},
+        "response": _nullable({"type": "object"}),
+    },
+    "required": ["name"],
+}
 _PART: dict[str, Any] = {
     "type": "object",
     "properties": {
         "text": {"type": "string"},
-        "thought": {"enum": [False, None]},
+        "functionCall": _CALL,
+        "functionResponse": _RESPONSE,
+        "thought": _nullable({"type": "boolean"}),
         "thoughtSignature": _nullable({"type": "string"}),
     },
-    "required": ["text"],
+    "oneOf": [{"required": ["text"]}, {"required": ["functionCall"]},
+              {"required": ["functionResponse"]}],
 }
 _CONTENT: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "role": _nullable({"enum": ["", "user", "model"]}),
+        "role": _nullable({"enum": ["", "user", "model", "function", "tool"]}),
         "parts": {"type": "array", "items": _PART, "minItems": 1},
     },
     "required": ["parts"],
@@ -503,8 +689,9 @@ _GENERATION_CONFIG: dict[str, Any] = {
         "thinkingConfig": _nullable({
             "type": "object",
             "properties": {
-                "thinkingBudget": _integer(minimum=0, maximum=0),
-                "includeThoughts": {"enum": [False, None]},
+                "thinkingBudget": _integer(),
+                "includeThoughts": _nullable({"type": "boolean"}),
+                "thinkingLevel": _nullable({"type": "string"}),
             },
         }),
     },
@@ -515,7 +702,26 @@ GENERATE_CONTENT_REQUEST: dict[str, Any] = {
         "contents": {"type": "array", "items": _CONTENT, "minItems": 1},
         "systemInstruction": _SYSTEM,
         "generationConfig": _nullable(_GENERATION_CONFIG),
-        "tools": _nullable({"type": "array", "maxItems": 0}),
+        "tools": _nullable({"type": "array", "items": {
+            "type": "object",
+            "properties": {"functionDeclarations": _nullable({"type": "array", "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,64}$"},
+                    "description": _nullable({"type": "string"}),
+                    "parameters": _nullable({"type": "object"}),
+                    "parametersJsonSchema": _nullable({"type": "object"}),
+                },
+                "required": ["name"],
+            }})},
+            "additionalProperties": False,
+        }}),
+        "toolConfig": _nullable({"type": "object", "properties": {
+            "functionCallingConfig": _nullable({"type": "object", "properties": {
+                "mode": _nullable({"enum": ["AUTO", "ANY", "NONE", "VALIDATED"]}),
+                "allowedFunctionNames": _nullable({"type": "array", "items": {"type": "string"}}),
+            }}),
+        }}),
         **{key: {} for key in sorted(HARMLESS)},
     },
     "required": ["contents"],
@@ -557,7 +763,7 @@ async def generate_content(
     wants = generation.options.logprobs is not None
     answers = await run_all(request, generation, parsed.candidates)
     candidates = [
-        _candidate(i, a.text, a.last.finish_reason, a.logprobs if wants else None)
+        _candidate(i, a.text, a.last.finish_reason, a.logprobs if wants else None, a.tool_calls)
         for i, a in enumerate(answers)
     ]
     usage = _usage_of([a.usage for a in answers])
@@ -642,14 +848,17 @@ async def _events(
         return head + json.dumps(data, separators=(",", ":"))
 
     pieces = merged(streams)
+    calls: list[list[ToolCallDelta]] = [[] for _ in streams]  # a call goes out whole, at the end
     try:
         async for i, piece in pieces:
             probs = piece.logprobs if logprobs else None
+            calls[i] += piece.tool_calls
             if piece.finish_reason is not None:
                 if piece.usage is not None:
                     usages.append(piece.usage)
                 usage = _usage_of(usages) if len(usages) == len(streams) else None
-                candidate = _candidate(i, piece.text, piece.finish_reason, probs)
+                whole = ToolCall.joined(calls[i])
+                candidate = _candidate(i, piece.text, piece.finish_reason, probs, whole)
                 yield frame(_response([candidate], usage, model_id, rid))
             elif piece.text:
                 candidate = _candidate(i, piece.text, None, probs)
