@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
+from llguidance import LLTokenizer
 
 from mlx_omnia.engine.core.binder import bindings, declarations
 from mlx_omnia.engine.core.layers import Embedding, Projections
@@ -123,7 +125,12 @@ class Model:
         self.signature = Signature(
             inputs=frozenset({"text"}),
             outputs=frozenset({"text"}),
-            options=generation_options(self._vocab_rows(), context_length),
+            # the tokenizer's method, not the model's: a signature holds no reference to its
+            # model (an evicted model is freed at once, not by the garbage collector)
+            options=generation_options(
+                self._vocab_rows(), context_length,
+                functools.partial(tokenizer.grammar_tokenizer, self._vocab_rows()),
+            ),
             context_length=context_length,
         )
 
@@ -146,6 +153,11 @@ class Model:
     def bindings(self) -> dict[str, str]:
         """The implementation bound to each layer declaration, by module path."""
         return bindings(self.network)
+
+    def grammar_tokenizer(self) -> LLTokenizer:
+        """This model's vocabulary as llguidance sees it (what a Constraint compiles against):
+        one entry a logits row, the model's end tokens as its EOS. Built on first use."""
+        return self.tokenizer.grammar_tokenizer(self._vocab_rows())
 
     # -- inputs ----------------------------------------------------------------------------
     def encode(self, input: Chat | str) -> list[int]:
@@ -191,7 +203,11 @@ class Model:
         if max_tokens is None:
             max_tokens = self.defaults.max_new_tokens or budget
         max_tokens = min(max_tokens, budget)
-        sampler = Sampler(self._sampling(options), self._vocab_rows(), prompt)
+        constraint = options.constraint
+        sampler = Sampler(
+            self._sampling(options), self._vocab_rows(), prompt, constraint,
+            None if constraint is None else self.grammar_tokenizer(),
+        )
         if max_tokens == 0:
             return iter([Piece("", (), finish_reason="length", usage=Usage(len(prompt), 0))])
         # A raw prompt or a prefill is continued: its last tokens seed the detokenizer.
@@ -238,7 +254,8 @@ class Model:
         count = 0
         finish: FinishReason = "length"
         tail = ""
-        for token in generate_tokens(self._decodable, prompt, sampler):
+        follow = sampler.follow if sampler.constrained else None
+        for token in generate_tokens(self._decodable, prompt, sampler, follow):
             count += 1
             pending.append(token)
             if options.logprobs is not None:
