@@ -47,6 +47,8 @@ CASES: list[tuple[ToolFormat, str, str, tuple[ToolCall, ...]]] = [
         (ToolCall("s", '{"x": 1}'),),
     ),
     (HERMES, '<tool_call>\n{"name": "cut", "arguments": {"x": "ab', "", (ToolCall("cut", '{"x": "ab'),)),
+    (HERMES, 'Hi<tool_call>\n{"name": "a", "arguments": {}}</tool_call><tool_call>{"na', "Hi",
+     (ToolCall("a", "{}"),)),
     (LLAMA3_JSON, '{"name": "f", "parameters": {"q": 1}}', "", (ToolCall("f", '{"q": 1}'),)),
     (LLAMA3_JSON, ' {"foo": 1} is json', ' {"foo": 1} is json', ()),
     (LLAMA3_JSON, 'The answer {"name": "x"}', 'The answer {"name": "x"}', ()),

@@ -43,5 +43,10 @@ class InvalidOptionsError(OmniaError, ValueError):
         self.reason = message if reason is None else reason
 
 
+class ConstraintError(OmniaError):
+    """Generation could not keep to its Constraint: llguidance's matcher failed mid-answer or left
+    no token to choose (a grammar that must go on where the model's vocabulary cannot)."""
+
+
 class DownloadError(OmniaError):
     """A hub download failed (network, interrupted transfer, missing revision)."""

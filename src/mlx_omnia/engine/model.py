@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
+from llguidance import LLTokenizer
 
 from mlx_omnia.engine.core.binder import bindings, declarations
 from mlx_omnia.engine.core.layers import Embedding, Projections
@@ -25,6 +27,7 @@ from mlx_omnia.engine.text.tools import Event, ToolCallDelta, ToolCallParser, me
 from mlx_omnia.engine.types import (
     Chat,
     Completion,
+    Constraint,
     FinishReason,
     GenerationOptions,
     Piece,
@@ -124,7 +127,12 @@ class Model:
         self.signature = Signature(
             inputs=frozenset({"text"}),
             outputs=frozenset({"text"}),
-            options=generation_options(self._vocab_rows(), context_length),
+            # the tokenizer's method, not the model's: a signature holds no reference to its
+            # model (an evicted model is freed at once, not by the garbage collector)
+            options=generation_options(
+                self._vocab_rows(), context_length,
+                functools.partial(tokenizer.grammar_tokenizer, self._vocab_rows()),
+            ),
             context_length=context_length,
         )
 
@@ -147,6 +155,11 @@ class Model:
     def bindings(self) -> dict[str, str]:
         """The implementation bound to each layer declaration, by module path."""
         return bindings(self.network)
+
+    def grammar_tokenizer(self) -> LLTokenizer:
+        """This model's vocabulary as llguidance sees it (what a Constraint compiles against):
+        one entry a logits row, the model's end tokens as its EOS. Built on first use."""
+        return self.tokenizer.grammar_tokenizer(self._vocab_rows())
 
     # -- inputs ----------------------------------------------------------------------------
     def encode(self, input: Chat | str) -> list[int]:
@@ -175,7 +188,7 @@ class Model:
 
         The input and options are checked here, before the first piece: bad ones raise at the
         call, not at the first `next()` (a server can still answer with an error status)."""
-        options = options or GenerationOptions()
+        options = self._forced_calls(input, options or GenerationOptions())
         self.signature.check(options)
         prompt = self.encode(input)
         if not prompt:
@@ -194,7 +207,11 @@ class Model:
         if max_tokens is None:
             max_tokens = self.defaults.max_new_tokens or budget
         max_tokens = min(max_tokens, budget)
-        sampler = Sampler(self._sampling(options), self._vocab_rows(), prompt)
+        constraint = options.constraint
+        sampler = Sampler(
+            self._sampling(options), self._vocab_rows(), prompt, constraint,
+            None if constraint is None else self.grammar_tokenizer(),
+        )
         if max_tokens == 0:
             return iter([Piece("", (), finish_reason="length", usage=Usage(len(prompt), 0))])
         # A raw prompt or a prefill is continued: its last tokens seed the detokenizer.
@@ -206,6 +223,22 @@ class Model:
             pieces = self._pieces(prompt, sampler, max_tokens, options, context, keep)
             return _tool_calls(pieces, fmt.parser(), input.parallel_tool_calls, len(prompt))
         return self._pieces(prompt, sampler, max_tokens, options, context)
+
+    def _forced_calls(self, input: Chat | str, options: GenerationOptions) -> GenerationOptions:
+        """The options with a grammar of the template's call format when the chat requires a
+        tool call: the answer is then one (or more) calls of allowed tools, arguments valid
+        under each tool's schema."""
+        if not isinstance(input, Chat) or not input.tools or input.tool_choice != "required":
+            return options
+        if options.constraint is not None:
+            reason = "cannot be combined with a required tool call (the call has its own grammar)"
+            raise InvalidOptionsError(f"constraint {reason}", option="constraint", reason=reason)
+        fmt = self.tokenizer.tool_format
+        grammar = fmt.grammar(
+            input.tools, input.allowed_tools, input.parallel_tool_calls,
+            self.tokenizer.special_ids([fmt.begin, fmt.end]),
+        )
+        return replace(options, constraint=Constraint.lark(grammar))
 
     def generate(self, input: Chat | str, options: GenerationOptions | None = None) -> Completion:
         """Generate to the end and return the whole completion."""
@@ -251,7 +284,8 @@ class Model:
         count = 0
         finish: FinishReason = "length"
         tail = ""
-        for token in generate_tokens(self._decodable, prompt, sampler):
+        follow = sampler.follow if sampler.constrained else None
+        for token in generate_tokens(self._decodable, prompt, sampler, follow):
             count += 1
             pending.append(token)
             if options.logprobs is not None:

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from types import UnionType
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
+
+from llguidance import LLMatcher, LLTokenizer
 
 from mlx_omnia.engine.errors import InvalidOptionsError
 from mlx_omnia.engine.text.tools import ToolCall, ToolCallDelta, ToolChoice
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in the stub only
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -56,6 +62,71 @@ class Chat:
     parallel_tool_calls: bool = True
     continue_final: bool = False
 
+
+# How generated JSON is laid out: one line, a space after ',' and ':' (as json.dumps writes it).
+# A fixed layout keeps a small model from spending its tokens on whitespace.
+JSON_LAYOUT: JsonCompileOptions = {
+    "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "
+}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the generated text must match, enforced token by token (llguidance): a JSON schema, a
+    Lark grammar or a regular expression. Build one with `json_schema`, `lark` or `regex`.
+
+    `source` is the schema as JSON text, the grammar or the pattern, as the constructor took it."""
+
+    kind: Literal["json_schema", "lark", "regex"]
+    source: str
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | None = None) -> Constraint:
+        """JSON valid under `schema`; without one, any JSON object (OpenAI's json_object mode).
+        Written on one line, ", " and ": " between items (a schema's "x-guidance" may say
+        otherwise)."""
+        return cls("json_schema", json.dumps(dict(schema or {"type": "object"})))
+
+    @classmethod
+    def lark(cls, grammar: str) -> Constraint:
+        """Text the Lark grammar's `start` rule derives, in llguidance's Lark dialect (which also
+        takes `%json {schema}` rules and special tokens such as `<|im_end|>`)."""
+        return cls("lark", grammar)
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        """Text the whole of which matches `pattern` (Rust regex syntax)."""
+        return cls("regex", pattern)
+
+    def grammar(self) -> str:
+        """The llguidance grammar this constraint compiles to (LLMatcher's input); a constraint
+        built by hand with another kind, or a schema that is no JSON object, raises
+        InvalidOptionsError."""
+        if self.kind == "lark":
+            return LLMatcher.grammar_from_lark(self.source)
+        if self.kind == "regex":
+            return LLMatcher.grammar_from_regex(self.source)
+        if self.kind != "json_schema":
+            raise _refused(f"has kind {self.kind!r}; build it with Constraint.json_schema, "
+                           "Constraint.lark or Constraint.regex")
+        try:
+            return LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_LAYOUT)
+        except ValueError as e:
+            raise _refused(f"holds a JSON schema that is not a JSON object: {e}") from None
+
+    def check(self, tokenizer: LLTokenizer | None = None) -> None:
+        """Raise InvalidOptionsError (option "constraint", llguidance's reason) unless llguidance
+        compiles this constraint (against `tokenizer`'s vocabulary when given)."""
+        problem = LLMatcher.validate_grammar(self.grammar(), tokenizer)
+        if problem:
+            raise _refused(f"is not a valid {_CONSTRAINT_NOUNS[self.kind]}: {problem.strip()}")
+
+
+_CONSTRAINT_NOUNS = {"json_schema": "JSON schema", "lark": "Lark grammar", "regex": "regex"}
+
+
+def _refused(reason: str) -> InvalidOptionsError:
+    return InvalidOptionsError(f"constraint {reason}", option="constraint", reason=reason)
 
 MAX_TOP_LOGPROBS = 20  # alternatives a token (OpenAI's top_logprobs bound)
 MAX_SEED = 2**64 - 1  # seeds are unsigned 64-bit (mx.random.key)
@@ -126,9 +197,14 @@ class GenerationOptions:
     # model (log-softmax of its logits, before biases, penalties and temperature) and the n
     # likeliest tokens' (Piece.logprobs).
     logprobs: int | None = field(default=None, metadata=_option(ge=0, le=MAX_TOP_LOGPROBS))
+    # What the output must match (JSON schema, Lark grammar, regex); the answer ends with an end
+    # token once the constraint is complete (finish_reason "stop").
+    constraint: Constraint | None = None
 
 
-_NOUNS: dict[type, str] = {int: "integer", float: "finite number", str: "string"}
+_NOUNS: dict[type, str] = {
+    int: "integer", float: "finite number", str: "string", Constraint: "Constraint",
+}
 
 
 @dataclass(frozen=True)
@@ -144,6 +220,9 @@ class OptionSpec:
     token_ids: bool = False
     vocab_size: int | None = None
     why_le: str = ""  # what the upper bound is, said when a value passes it
+    # A Constraint compiles against this vocabulary when given (a model's; built on first use),
+    # else its grammar alone is checked.
+    grammar_tokenizer: Callable[[], LLTokenizer] | None = None
 
     def within(self, bounds: Bounds) -> OptionSpec:
         """This option under tighter bounds (an API's own limits)."""
@@ -174,6 +253,9 @@ class OptionSpec:
     def _value(self, value: object, whose: str, key: object = None) -> None:
         if not self._is_type(value):
             raise self._error(self._kind())
+        if isinstance(value, Constraint):
+            value.check(None if self.grammar_tokenizer is None else self.grammar_tokenizer())
+            return
         b = self.bounds
         if isinstance(value, str):
             if b.nonempty and not value:
@@ -191,8 +273,8 @@ class OptionSpec:
             raise self._error(f"{whose}must be {self._range()}{which}")
 
     def _is_type(self, value: object) -> bool:
-        if self.type is str:
-            return isinstance(value, str)
+        if self.type in (str, Constraint):
+            return isinstance(value, self.type)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             return False
         if self.type is int:
@@ -201,7 +283,8 @@ class OptionSpec:
 
     def json_schema(self) -> dict[str, object]:
         """The bounds as JSON Schema keywords (an API's documentation of what `check` takes): on
-        the value itself, or on a list's items or a mapping's values. Types are the API's own."""
+        the value itself, or on a list's items or a mapping's values. Types are the API's own
+        (a Constraint has none: each API writes its own response_format)."""
         b = self.bounds
         one: dict[str, object] = {}
         for key, bound in (("minimum", b.ge), ("exclusiveMinimum", b.gt), ("maximum", b.le)):
@@ -232,7 +315,7 @@ class OptionSpec:
             return f"must be a list of {'token ids' if self.token_ids else noun + 's'}"
         if self.shape == "mapping":
             return f"must map token ids to {noun}s"
-        return f"must be {'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+        return f"must be {'an' if noun[0] in 'aeiouAEIOU' else 'a'} {noun}"
 
     def _range(self) -> str:
         b = self.bounds
@@ -254,7 +337,11 @@ def _num(x: float) -> str:
 
 
 def _spec(
-    f: Field[Any], hint: object, vocab_size: int | None, context_length: int | None
+    f: Field[Any],
+    hint: object,
+    vocab_size: int | None,
+    context_length: int | None,
+    grammar_tokenizer: Callable[[], LLTokenizer] | None,
 ) -> OptionSpec:
     if isinstance(hint, UnionType):  # `X | None`: None is the field's "not set"
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
@@ -279,18 +366,22 @@ def _spec(
         bool(f.metadata.get("token_ids", False)),
         vocab_size,
         why_le,
+        grammar_tokenizer if kind is Constraint else None,
     )
 
 
 def generation_options(
-    vocab_size: int | None = None, context_length: int | None = None
+    vocab_size: int | None = None,
+    context_length: int | None = None,
+    grammar_tokenizer: Callable[[], LLTokenizer] | None = None,
 ) -> dict[str, OptionSpec]:
     """Every GenerationOptions field's spec, from its type and metadata; token ids bounded by
-    `vocab_size` and token counts by `context_length` when given (a model's Signature), else
-    token ids only by 0 and counts not at all."""
+    `vocab_size`, token counts by `context_length` and constraints compiled against
+    `grammar_tokenizer()` when given (a model's Signature), else token ids only by 0, counts not
+    at all and constraints checked as grammars alone."""
     hints = typing.get_type_hints(GenerationOptions)
     return {
-        f.name: _spec(f, hints[f.name], vocab_size, context_length)
+        f.name: _spec(f, hints[f.name], vocab_size, context_length, grammar_tokenizer)
         for f in fields(GenerationOptions)
     }
 

@@ -226,10 +226,19 @@ class Decoding:
 
 
 def generate_tokens(
-    network: Network, prompt_ids: list[int], sample: Callable[[mx.array], mx.array]
+    network: Network,
+    prompt_ids: list[int],
+    sample: Callable[[mx.array], mx.array],
+    follow: Callable[[int], None] | None = None,
 ) -> Iterator[int]:
     """Yield sampled token ids forever (the caller decides when to stop): the prompt is
-    prefilled, then each step is queued before the token before it is handed out."""
+    prefilled, then each step is queued before the token before it is handed out.
+
+    `follow` (a constrained sampler's): called with each token before the next is sampled, which
+    then depends on the token's value; the next forward runs on the device meanwhile."""
+    if follow is not None:
+        yield from _generate_followed(network, prompt_ids, sample, follow)
+        return
     with Decoding(network) as sequence:
         token = sample(sequence.feed(prompt_ids, last_only=True)[-1])
         evaluate_async(token)
@@ -238,3 +247,24 @@ def generate_tokens(
             sequence.queue(following)
             yield int_item(token)
             token = following
+
+
+def _generate_followed(
+    network: Network,
+    prompt_ids: list[int],
+    sample: Callable[[mx.array], mx.array],
+    follow: Callable[[int], None],
+) -> Iterator[int]:
+    """generate_tokens when sampling token t + 1 needs token t's value on the host (a grammar's
+    mask): the forward for t + 1 is queued as soon as t is known, and `follow(t)` and the
+    consumer's handling of t run while it computes; then t + 1 is sampled and waited for."""
+    with Decoding(network) as sequence:
+        token = sample(sequence.feed(prompt_ids, last_only=True)[-1])
+        value = int_item(token)
+        while True:
+            logits = sequence.step(token[None, None])
+            evaluate_async([logits, *sequence.state()])
+            follow(value)
+            yield value
+            token = sample(logits)
+            value = int_item(token)

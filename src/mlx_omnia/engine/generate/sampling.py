@@ -12,8 +12,11 @@ from typing import cast
 
 import mlx.core as mx
 import numpy as np
+from llguidance import LLTokenizer
 
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async
+from mlx_omnia.engine.generate.grammar import GrammarMask
+from mlx_omnia.engine.types import Constraint
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,20 @@ class SampledLogprobs:
 
 class Sampler:
     """Stateful sampler for one sequence: it tracks token counts for the penalties and owns the
-    random key, so a fixed seed reproduces a sequence exactly."""
+    random key, so a fixed seed reproduces a sequence exactly.
 
-    def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids: list[int]) -> None:
+    With a `constraint` (compiled against `grammar_tokenizer`, the model's vocabulary) only the
+    tokens it allows can be sampled: `follow` must be given each token before the next is
+    sampled (`constrained` says so)."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        vocab_size: int,
+        prompt_ids: list[int],
+        constraint: Constraint | None = None,
+        grammar_tokenizer: LLTokenizer | None = None,
+    ) -> None:
         self._bias: mx.array | None = None
         if params.logit_bias:
             bias = np.zeros((vocab_size,), np.float32)
@@ -66,16 +80,34 @@ class Sampler:
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._key = mx.random.key(seed)
         self.logprobs: deque[SampledLogprobs] = deque()  # one a call, while params.logprobs
+        self._grammar: GrammarMask | None = None
+        if constraint is not None:
+            if grammar_tokenizer is None:
+                raise ValueError("a constraint needs the model's grammar_tokenizer")
+            self._grammar = GrammarMask(constraint, grammar_tokenizer)
         # One compiled step for the sequence: the setting is baked in, the bias values, the
-        # key and the penalty state are its inputs.
+        # key, the penalty state and the constraint's mask are its inputs.
         self._step = _compiled_step(
             dataclasses.replace(params, logit_bias=None, seed=None), vocab_size,
             self._bias is not None, self._seen is not None, self._counts is not None,
+            self._grammar is not None,
         )
+
+    @property
+    def constrained(self) -> bool:
+        return self._grammar is not None
+
+    def follow(self, token: int) -> None:
+        """The sequence took `token`: move the constraint past it and compute what may come next
+        (host work: the loop runs it while the device computes the next logits)."""
+        if self._grammar is not None:
+            self._grammar.follow(token)
 
     def __call__(self, logits: mx.array) -> mx.array:
         """logits [V] (any float dtype) -> token id, an int32 scalar array (lazy)."""
         state = [a for a in (self._bias, self._seen, self._counts) if a is not None]
+        if self._grammar is not None:
+            state.append(self._grammar.allowed())
         token, self._key, *tracked = self._step(logits, self._key, *state)
         if self._seen is not None:
             self._seen = tracked.pop(0)
@@ -90,16 +122,18 @@ class Sampler:
 
 @functools.lru_cache(maxsize=64)  # API clients send many temperatures
 def _compiled_step(
-    p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool
+    p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool, masked: bool
 ) -> Callable[..., list[mx.array]]:
-    """One sampling step as one compiled function, (logits, key, [bias], [seen], [counts]) ->
-    [token, key, [seen], [counts], [logprob, top ids, top logprobs]]: a handful of primitives a token instead of ~20 dispatched
-    one by one. Shared by every sequence with the same setting, in any thread (the logit bias
-    values and the seed are inputs, not constants)."""
+    """One sampling step as one compiled function, (logits, key, [bias], [seen], [counts],
+    [mask]) -> [token, key, [seen], [counts], [logprob, top ids, top logprobs]]: a handful of
+    primitives a token instead of ~20 dispatched one by one. Shared by every sequence with the
+    same setting, in any thread (the logit bias values, the seed and the constraint's mask words
+    are inputs, not constants)."""
     # Evaluated here: a lazy constant would stay bound to this thread's stream, and a step
     # used from another thread then failed with "no Stream(cpu, N) in current thread".
     ids = mx.arange(vocab_size)
-    evaluate(ids)
+    places = [ids // 32, ids % 32] if masked else []  # token i's word and bit in the mask
+    evaluate(ids, *places)
 
     def step(logits: mx.array, key: mx.array, *state: mx.array) -> list[mx.array]:
         rest = list(state)
@@ -109,6 +143,7 @@ def _compiled_step(
             x = x + rest.pop(0)[: x.shape[0]]
         seen_ids = rest.pop(0) if seen else None
         counts_v = rest.pop(0) if counts else None
+        mask = rest.pop(0) if masked else None
         if seen_ids is not None:
             rp = p.repetition_penalty
             penalized = mx.where(x < 0, x * rp, x / rp)
@@ -116,6 +151,10 @@ def _compiled_step(
         if counts_v is not None:
             c = counts_v[: x.shape[0]]
             x = x - p.frequency_penalty * c - p.presence_penalty * (c > 0)
+        if mask is not None:  # a token the constraint does not allow next is never sampled
+            word, bit = places
+            allowed = mx.bitwise_and(mx.right_shift(mask[word], bit), 1) != 0
+            x = mx.where(allowed[: x.shape[0]], x, -mx.inf)
         if p.temperature <= 0.0:
             token = mx.argmax(x, axis=-1).astype(mx.int32)
         else:

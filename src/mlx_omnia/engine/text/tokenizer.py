@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from llguidance import LLTokenizer
 from tokenizers import Tokenizer as HFTokenizer
 
 from mlx_omnia.engine.errors import ChatTemplateError, TokenizerError
@@ -57,6 +58,7 @@ class Tokenizer:
         self.chat_template = (
             ChatTemplate(chat_template, special_tokens=specials) if chat_template else None
         )
+        self._grammar_tokenizers: dict[int, LLTokenizer] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -155,6 +157,24 @@ class Tokenizer:
                 run.append(i)
         parts.append(self._tok.decode(run, skip_special_tokens=True))
         return "".join(parts)
+
+    def grammar_tokenizer(self, n_vocab: int) -> LLTokenizer:
+        """This vocabulary as llguidance sees it (what constraints compile against), for a model
+        whose logits have `n_vocab` rows (a checkpoint's vocab_size may pad past the tokenizer's
+        tokens) and whose end tokens are `eos_token_ids`. Built once (a fraction of a second for
+        a 50k vocabulary) and kept."""
+        built = self._grammar_tokenizers.get(n_vocab)
+        if built is None:
+            eos = sorted(self.eos_token_ids)
+            try:
+                built = LLTokenizer(self._tok.to_str(), n_vocab=n_vocab, eos_token=eos or None)
+            except (ValueError, RuntimeError) as e:
+                raise TokenizerError(
+                    f"llguidance cannot read this tokenizer, so output cannot be constrained: {e}"
+                ) from e
+            self._grammar_tokenizers[n_vocab] = built
+        return built
+
 
     def incremental_decoder(self, keep: frozenset[int] = frozenset()) -> IncrementalDecoder:
         return IncrementalDecoder(lambda ids: self.decode(ids, keep=keep))

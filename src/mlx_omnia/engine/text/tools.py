@@ -21,6 +21,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from mlx_omnia.engine.errors import ChatTemplateError
 
 ToolChoice = Literal["auto", "none", "required"]
+# How a forced call's JSON is laid out: on one line, as templates write calls.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class ToolFormat:
             raise ChatTemplateError("tool_choice names no declared tool")
         key = self.argument_keys[0]
         schema = {
+            "x-guidance": JSON_LAYOUT,
             "anyOf": [
                 {
                     "type": "object",
@@ -111,7 +114,7 @@ class ToolFormat:
         call = "%json " + json.dumps(schema)
         begin = _literal(self.begin, special_id)
         if self.array:
-            array = {"type": "array", "items": schema, "minItems": 1}
+            array = {"x-guidance": JSON_LAYOUT, "type": "array", "items": schema, "minItems": 1}
             if not parallel:
                 array["maxItems"] = 1
             return f"start: {begin} %json {json.dumps(array)}\n"
@@ -433,6 +436,8 @@ class ToolCallParser:
         body = call.text.lstrip()
         scan = scan or _scan_object(body, self.format.argument_keys)
         if call.name is None:
+            if scan.name is None and cut and not scan.broken:
+                return  # a call the answer's end cut before its name: nothing to say
             if scan.name is None:
                 marker = "" if self.format.bare and not self.calls else self.format.begin
                 self._emit_text(marker + call.text)
