@@ -17,11 +17,13 @@ from mlx_omnia.engine.core.layers import Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
 from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, named_modules
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
+from mlx_omnia.engine.generate.budget import ReasoningBudget
 from mlx_omnia.engine.generate.loop import Decoding, Network, generate_tokens
 from mlx_omnia.engine.generate.sampling import SampledLogprobs, Sampler, SamplingParams
 from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.saving import save_model
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
+from mlx_omnia.engine.text.reasoning import ReasoningFormat, ReasoningSplitter
 from mlx_omnia.engine.text.tokenizer import Tokenizer
 from mlx_omnia.engine.text.tools import Event, ToolCallDelta, ToolCallParser, merge_calls
 from mlx_omnia.engine.types import (
@@ -168,7 +170,8 @@ class Model:
             tools = input.tools if input.tool_choice != "none" else ()
             messages, tools = self.tokenizer.tool_format.render(input.messages, tools)
             return self.tokenizer.apply_chat_template(
-                messages, tools=tools, continue_final=input.continue_final
+                messages, tools=tools, continue_final=input.continue_final,
+                variables=input.template_variables(),
             )
         return self.tokenizer.encode(input)
 
@@ -217,12 +220,45 @@ class Model:
         # A raw prompt or a prefill is continued: its last tokens seed the detokenizer.
         continued = isinstance(input, str) or input.continue_final
         context = prompt[-CONTEXT:] if continued else []
-        if isinstance(input, Chat) and input.tools and input.tool_choice != "none":
+        chat = input if isinstance(input, Chat) else None
+        calls = chat is not None and bool(chat.tools) and chat.tool_choice != "none"
+        thinks = self._reasoning(chat)
+        markers = [*((thinks.begin, thinks.end) if thinks else ()),
+                   *((self.tokenizer.tool_format.begin, self.tokenizer.tool_format.end)
+                     if calls else ())]
+        keep = frozenset(self.tokenizer.special_ids(markers).values())
+        opened = thinks is not None and thinks.splitter(self._prompt_tail(prompt)).inside
+        sample = self._budgeted(sampler, options, thinks, opened)
+        pieces = self._pieces(prompt, sample, max_tokens, options, context, keep)
+        if thinks is not None:
+            pieces = _reasoning(pieces, thinks.splitter(self._prompt_tail(prompt)))
+        if calls and chat is not None:
             fmt = self.tokenizer.tool_format
-            keep = frozenset(self.tokenizer.special_ids([fmt.begin, fmt.end]).values())
-            pieces = self._pieces(prompt, sampler, max_tokens, options, context, keep)
-            return _tool_calls(pieces, fmt.parser(), input.parallel_tool_calls, len(prompt))
-        return self._pieces(prompt, sampler, max_tokens, options, context)
+            return _tool_calls(pieces, fmt.parser(), chat.parallel_tool_calls, len(prompt))
+        return pieces
+
+    def _reasoning(self, chat: Chat | None) -> ReasoningFormat | None:
+        """The template's reasoning markers, for a chat that may think (not a continued turn,
+        not one whose thinking is off: its template closes the block in the prompt)."""
+        if chat is None or chat.continue_final:
+            return None
+        return self.tokenizer.reasoning_format
+
+    def _prompt_tail(self, prompt: list[int]) -> str:
+        return self.tokenizer.decode(prompt[-CONTEXT:], skip_special_tokens=False)
+
+    def _budgeted(
+        self, sampler: Sampler, options: GenerationOptions, thinks: ReasoningFormat | None,
+        opened: bool,
+    ) -> Sampler | ReasoningBudget:
+        if thinks is None or options.reasoning_budget is None:
+            return sampler
+        end_ids = self.tokenizer.encode(thinks.end, add_special_tokens=False)
+        begin = self.tokenizer.encode(thinks.begin, add_special_tokens=False)
+        return ReasoningBudget(
+            sampler, options.reasoning_budget, begin[0] if len(begin) == 1 else None, end_ids,
+            opened,
+        )
 
     def _forced_calls(self, input: Chat | str, options: GenerationOptions) -> GenerationOptions:
         """The options with a grammar of the template's call format when the chat requires a
@@ -246,17 +282,22 @@ class Model:
         ids: list[int] = []
         probs: list[TokenLogprob] = []
         calls: list[ToolCallDelta] = []
+        reasoning: list[str] = []
         finish: FinishReason = "length"
         usage = Usage(0, 0)
         for piece in self.stream(input, options):
-            texts.append(piece.text)
+            if piece.channel == "reasoning":
+                reasoning.append(piece.text)
+            else:
+                texts.append(piece.text)
             ids.extend(piece.token_ids)
             probs.extend(piece.logprobs)
             calls.extend(piece.tool_calls)
             if piece.finish_reason is not None and piece.usage is not None:
                 finish, usage = piece.finish_reason, piece.usage
         return Completion(
-            "".join(texts), tuple(ids), finish, usage, tuple(probs), merge_calls(calls)
+            "".join(texts), tuple(ids), finish, usage, tuple(probs), merge_calls(calls),
+            "".join(reasoning),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -269,7 +310,7 @@ class Model:
     def _pieces(
         self,
         prompt: list[int],
-        sampler: Sampler,
+        sampler: Sampler | ReasoningBudget,
         max_tokens: int,
         options: GenerationOptions,
         context: list[int],
@@ -284,12 +325,13 @@ class Model:
         count = 0
         finish: FinishReason = "length"
         tail = ""
-        follow = sampler.follow if sampler.constrained else None
+        inner = sampler.sampler if isinstance(sampler, ReasoningBudget) else sampler
+        follow = sampler.follow if isinstance(sampler, ReasoningBudget) or inner.constrained else None
         for token in generate_tokens(self._decodable, prompt, sampler, follow):
             count += 1
             pending.append(token)
             if options.logprobs is not None:
-                record = sampler.logprobs.popleft()  # this token's (sampled in order)
+                record = inner.logprobs.popleft()  # this token's (sampled in order)
                 if token not in stop_ids:
                     probs.append(self._token_logprob(token, record))
             if token in stop_ids:
@@ -355,6 +397,25 @@ class Model:
         )
 
 
+def _reasoning(pieces: Iterator[Piece], splitter: ReasoningSplitter) -> Iterator[Piece]:
+    """The pieces with their text on its channel: reasoning inside the template's markers,
+    content after (a piece whose text spans both becomes two)."""
+    for piece in pieces:
+        last = piece.finish_reason is not None
+        runs = splitter.feed(piece.text) + (splitter.finish() if last else [])
+        runs = runs or [("content", "")]
+        for n, (channel, text) in enumerate(runs):
+            final = last and n == len(runs) - 1
+            yield replace(
+                piece, text=text, channel="reasoning" if channel == "reasoning" else "content",
+                token_ids=piece.token_ids if n == 0 else (),
+                logprobs=piece.logprobs if n == 0 else (),
+                finish_reason=piece.finish_reason if final else None,
+                usage=piece.usage if final else None,
+                stop_sequence=piece.stop_sequence if final else None,
+            )
+
+
 def _tool_calls(
     pieces: Iterator[Piece], parser: ToolCallParser, parallel: bool, prompt_tokens: int
 ) -> Iterator[Piece]:
@@ -365,6 +426,12 @@ def _tool_calls(
     for piece in pieces:
         generated += len(piece.token_ids)
         last = piece.finish_reason is not None
+        if piece.channel == "reasoning" and not last:
+            yield piece  # calls are read from the answer, not its reasoning
+            continue
+        if piece.channel == "reasoning":
+            yield replace(piece, finish_reason=None, usage=None, stop_sequence=None)
+            piece = replace(piece, text="", token_ids=(), logprobs=(), channel="content")
         events = parser.feed(piece.text) + (parser.finish() if last else [])
         if not parallel and any(isinstance(e, ToolCallDelta) and e.index > 0 for e in events):
             events = [e for e in events if not (isinstance(e, ToolCallDelta) and e.index > 0)]

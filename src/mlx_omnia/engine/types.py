@@ -37,6 +37,7 @@ class ChatMessage(TypedDict):
     name: NotRequired[str]
     tool_calls: NotRequired[list[dict[str, Any]]]
     tool_call_id: NotRequired[str]
+    reasoning_content: NotRequired[str]  # an assistant turn's reasoning (thinking templates)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Chat:
     than one call an answer. Assistant turns carry `tool_calls` (arguments as JSON text or an
     object), tool turns `tool_call_id` and the result as content.
 
+    `thinking`: a thinking template's switch (`enable_thinking`), None for its default;
+    `reasoning_effort` reaches templates that read it (gpt-oss); `template_kwargs`: more
+    variables for the template. The reasoning comes back on the "reasoning" channel.
+
     `continue_final`: the last message is an assistant turn to continue (a prefill, as
     Anthropic's API takes one): the prompt ends with its text instead of a new assistant turn,
     and the answer is what follows it. The template must echo that text as given."""
@@ -61,6 +66,18 @@ class Chat:
     allowed_tools: tuple[str, ...] = ()
     parallel_tool_calls: bool = True
     continue_final: bool = False
+    thinking: bool | None = None
+    reasoning_effort: str | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=lambda: dict[str, Any]())
+
+    def template_variables(self) -> dict[str, Any]:
+        """What the template is rendered with beyond messages and tools."""
+        out = dict(self.template_kwargs)
+        if self.thinking is not None:
+            out["enable_thinking"] = self.thinking
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+        return out
 
 
 # How generated JSON is laid out: one line, a space after ',' and ':' (as json.dumps writes it).
@@ -197,6 +214,9 @@ class GenerationOptions:
     # model (log-softmax of its logits, before biases, penalties and temperature) and the n
     # likeliest tokens' (Piece.logprobs).
     logprobs: int | None = field(default=None, metadata=_option(ge=0, le=MAX_TOP_LOGPROBS))
+    # Tokens a thinking template's reasoning may take; then its end marker is forced and the
+    # answer follows (None: no limit but max_tokens).
+    reasoning_budget: int | None = field(default=None, metadata=_option(ge=0, tokens=True))
     # What the output must match (JSON schema, Lark grammar, regex); the answer ends with an end
     # token once the constraint is complete (finish_reason "stop").
     constraint: Constraint | None = None
@@ -436,7 +456,7 @@ class Piece:
 
     text: str
     token_ids: tuple[int, ...]
-    channel: Literal["content"] = "content"
+    channel: Literal["content", "reasoning"] = "content"  # reasoning: a thinking template's
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     stop_sequence: str | None = None  # on the last piece: the stop string that ended it, if any
@@ -455,6 +475,7 @@ class Completion:
     usage: Usage
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""  # the reasoning channel's text
 
 
 ContentType = Literal["text"]

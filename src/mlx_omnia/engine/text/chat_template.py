@@ -76,7 +76,8 @@ class ChatTemplate:
         self.special_tokens = dict(special_tokens)
 
     def render_continued(
-        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = ()
+        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
+        **extra: Any,
     ) -> str:
         """The conversation rendered up to the end of its last message's text, an assistant
         turn the model continues (what transformers' continue_final_message renders): the
@@ -86,8 +87,8 @@ class ChatTemplate:
             raise ChatTemplateError("only a final assistant message can be continued")
         final = str(_text_content(messages[-1]).get("content") or "")
         if not final:
-            return self.render(messages[:-1], tools=tools)
-        text = self.render(messages, tools=tools, add_generation_prompt=False)
+            return self.render(messages[:-1], tools=tools, **extra)
+        text = self.render(messages, tools=tools, add_generation_prompt=False, **extra)
         at = text.rfind(final)
         if at < 0:  # templates that trim each message (Llama 3's) echo it stripped
             final = final.strip()

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from mlx_omnia.engine.errors import ChatTemplateError, TokenizerError
 from mlx_omnia.engine.text.chat_template import ChatTemplate
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
+from mlx_omnia.engine.text.reasoning import ReasoningFormat, reasoning_format
 from mlx_omnia.engine.text.tools import ToolFormat, tool_format
 
 
@@ -122,6 +123,7 @@ class Tokenizer:
         tools: Sequence[Mapping[str, Any]] = (),
         add_generation_prompt: bool = True,
         continue_final: bool = False,
+        variables: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Render the chat and tokenize it without adding special tokens (the template has them).
         `continue_final`: the prompt ends with the final assistant message's text, which the
@@ -131,11 +133,12 @@ class Tokenizer:
                 "this checkpoint's tokenizer has no chat template; pass a plain string prompt, "
                 "or add chat_template.jinja to the checkpoint directory"
             )
+        extra = dict(variables or {})
         if continue_final:
-            text = self.chat_template.render_continued(messages, tools=tools)
+            text = self.chat_template.render_continued(messages, tools=tools, **extra)
         else:
             text = self.chat_template.render(
-                messages, tools=tools, add_generation_prompt=add_generation_prompt
+                messages, tools=tools, add_generation_prompt=add_generation_prompt, **extra
             )
         return self.encode(text, add_special_tokens=False)
 
@@ -178,6 +181,11 @@ class Tokenizer:
 
     def incremental_decoder(self, keep: frozenset[int] = frozenset()) -> IncrementalDecoder:
         return IncrementalDecoder(lambda ids: self.decode(ids, keep=keep))
+
+    @functools.cached_property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """The reasoning markers this checkpoint's template writes, if any."""
+        return reasoning_format(self.chat_template.source if self.chat_template else None)
 
     @functools.cached_property
     def tool_format(self) -> ToolFormat:

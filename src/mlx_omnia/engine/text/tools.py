@@ -367,7 +367,7 @@ class ToolCallParser:
             if bare and not self._held.strip() and not final:
                 return  # leading space: wait to see what comes
             if at < 0:
-                keep = 0 if final else _partial_suffix(self._held, fmt.begin)
+                keep = 0 if final else partial_suffix(self._held, fmt.begin)
                 self._emit_text(self._held[: len(self._held) - keep])
                 self._held = self._held[len(self._held) - keep :]
                 return
@@ -475,7 +475,7 @@ class ToolCallParser:
             self._events.append(text)
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of `text` that begins `marker`."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):

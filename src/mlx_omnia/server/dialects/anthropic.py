@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Query, Request
@@ -43,6 +44,9 @@ HARMLESS = (
 # Keys of a text content block that cannot change the output.
 TEXT_BLOCK_KEYS = frozenset({"type", "text", "cache_control", "citations"})
 EPOCH = "1970-01-01T00:00:00Z"
+# A thinking block's signature: Anthropic's proves the thinking is the model's; this server's
+# thinking is not checked when it comes back, so the signature says only where it came from.
+SIGNATURE = "mlx-omnia"
 # Anthropic's own bounds, tighter than the engine's.
 LIMITS = {
     "max_tokens": Bounds(ge=1),
@@ -98,6 +102,7 @@ class CountTokensRequest(_Strict):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -186,10 +191,16 @@ def _turns(role: Literal["user", "assistant"], content: Any, where: str) -> list
     texts: list[TextPart] = []
     calls: list[dict[str, Any]] = []
     results: list[ChatMessage] = []
+    thoughts: list[str] = []
     for j, block in enumerate(_blocks(content, where)):
         at = f"{where}.{j}"
         kind = block.get("type")
-        if kind in ("thinking", "redacted_thinking") and role == "assistant":
+        if kind == "thinking" and role == "assistant":
+            thought = block.get("thinking")
+            if isinstance(thought, str) and thought:
+                thoughts.append(thought)
+            continue
+        if kind == "redacted_thinking" and role == "assistant":
             continue
         if kind == "tool_use" and role == "assistant":
             name, call_id, arguments = block.get("name"), block.get("id"), block.get("input")
@@ -212,6 +223,8 @@ def _turns(role: Literal["user", "assistant"], content: Any, where: str) -> list
         message: ChatMessage = {"role": "assistant", "content": texts}
         if calls:
             message["tool_calls"] = calls
+        if thoughts:
+            message["reasoning_content"] = "\n".join(thoughts)
         turns.append(message)
     elif texts or not results:
         turns.append({"role": "user", "content": texts})
@@ -311,20 +324,24 @@ def chat_of(body: CountTokensRequest) -> Chat:
             raise ApiError(
                 "invalid_request", f"{at}: final assistant content cannot end with trailing whitespace", at
             )
-    _check_thinking(body.thinking)
+    thinking = _thinking(body.thinking)
     tools, choice, allowed, parallel = _tools(body)
-    return Chat(tuple(out), tools, choice, allowed, parallel, continue_final=prefill)
+    _edits(body.context_management)
+    return Chat(
+        tuple(out), tools, choice, allowed, parallel, continue_final=prefill, thinking=thinking
+    )
 
 
 def _as_parts(content: str | list[TextPart]) -> list[TextPart]:
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
-def _check_thinking(thinking: dict[str, Any] | None) -> None:
-    """Extended thinking: accepted (adaptive, enabled, disabled); a model without a thinking
-    template answers as it always does, which is what thinking allows."""
+def _thinking(thinking: dict[str, Any] | None) -> bool:
+    """Extended thinking as a thinking template's switch: on when enabled or adaptive, off when
+    disabled or not asked for (Anthropic's default); a template without thinking answers the
+    same either way."""
     if thinking is None:
-        return
+        return False
     kind = thinking.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
         raise ApiError(
@@ -336,11 +353,125 @@ def _check_thinking(thinking: dict[str, Any] | None) -> None:
             "invalid_request", "thinking.budget_tokens: must be an integer >= 1024",
             "thinking.budget_tokens",
         )
+    display = thinking.get("display")
+    if display not in (None, "summarized", "omitted"):
+        raise ApiError(
+            "invalid_request", "thinking.display: must be summarized or omitted", "thinking.display"
+        )
+    return kind != "disabled"
+
+
+CLEARED = "[cleared to save context]"
+
+
+def _edits(context: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """context_management's edits, checked: clear_thinking_20251015 and
+    clear_tool_uses_20250919."""
+    if context is None:
+        return []
+    for key in context:
+        if key != "edits":
+            raise ApiError("invalid_request", f"context_management.{key}: field is not supported",
+                           f"context_management.{key}")
+    raw: object = context.get("edits") or []
+    if not isinstance(raw, list):
+        raise ApiError("invalid_request", "context_management.edits: must be a list",
+                       "context_management.edits")
+    edits: list[dict[str, Any]] = []
+    for i, item in enumerate(cast(list[Any], raw)):
+        at = f"context_management.edits.{i}"
+        edit = cast(dict[str, Any], item) if isinstance(item, dict) else {}
+        if edit.get("type") not in ("clear_thinking_20251015", "clear_tool_uses_20250919"):
+            raise ApiError("invalid_request", f"{at}.type: {edit.get('type')!r} is not supported",
+                           f"{at}.type")
+        edits.append(edit)
+    return edits
+
+
+def _count_of(value: object, kind: str, default: int, where: str) -> int:
+    """An edit's {"type": kind, "value": N} (N >= 0), or `default` when absent."""
+    if value is None:
+        return default
+    entry = cast(dict[str, Any], value) if isinstance(value, dict) else {}
+    n = entry.get("value")
+    if entry.get("type") != kind or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ApiError("invalid_request", f"{where}: must be {{'type': '{kind}', 'value': N}}",
+                       where)
+    return n
+
+
+def _clear_thinking(messages: list[ChatMessage], edit: dict[str, Any], at: str) -> int:
+    """Drop the reasoning of all assistant turns but the last `keep` (default 1; "all": none
+    dropped); the number of turns cleared."""
+    keep = edit.get("keep")
+    if keep == "all":
+        return 0
+    value = _count_of(keep, "thinking_turns", 1, f"{at}.keep")
+    thinking = [n for n, m in enumerate(messages) if m.get("reasoning_content")]
+    cleared = thinking[: max(0, len(thinking) - value)]
+    for n in cleared:
+        messages[n] = cast(ChatMessage, {
+            k: v for k, v in messages[n].items() if k != "reasoning_content"
+        })
+    return len(cleared)
+
+
+def _clear_tool_uses(messages: list[ChatMessage], edit: dict[str, Any], at: str) -> int:
+    """Replace the results (and with clear_tool_inputs, the inputs) of all tool uses but the
+    last `keep` (default 3), except excluded tools'; the number of tool uses cleared."""
+    keep = _count_of(edit.get("keep"), "tool_uses", 3, f"{at}.keep")
+    exclude = set(cast(list[str], edit.get("exclude_tools") or []))
+    inputs = edit.get("clear_tool_inputs", False)
+    uses = [
+        (n, j, call) for n, m in enumerate(messages) for j, call in enumerate(m.get("tool_calls", []))
+        if call["function"]["name"] not in exclude
+    ]
+    cleared = uses[: max(0, len(uses) - keep)]
+    ids = {call["id"] for _, _, call in cleared}
+    for n, j, call in cleared:
+        name = call["function"]["name"]
+        if inputs is True or (isinstance(inputs, list) and name in cast(list[str], inputs)):
+            calls = [dict(c) for c in messages[n].get("tool_calls", [])]
+            calls[j] = {**call, "function": {"name": name, "arguments": "{}"}}
+            messages[n] = cast(ChatMessage, {**messages[n], "tool_calls": calls})
+    for n, m in enumerate(messages):
+        if m["role"] == "tool" and m.get("tool_call_id") in ids:
+            messages[n] = cast(ChatMessage, {**m, "content": CLEARED})
+    return len(cleared)
+
+
+async def _managed(
+    state: ServerState, model_id: str, chat: Chat, context: dict[str, Any] | None
+) -> tuple[Chat, list[dict[str, Any]] | None]:
+    """The chat after context_management's edits, and the edits applied (None without any): a
+    clear_tool_uses edit applies once the prompt has more tokens than its trigger (default
+    100,000)."""
+    edits = _edits(context)
+    if not edits:
+        return chat, None
+    applied: list[dict[str, Any]] = []
+    for i, edit in enumerate(edits):
+        at = f"context_management.edits.{i}"
+        messages = list(chat.messages)
+        before = await _count(state, model_id, chat)
+        if edit["type"] == "clear_thinking_20251015":
+            turns = _clear_thinking(messages, edit, at)
+            done: dict[str, Any] = {"type": edit["type"], "cleared_thinking_turns": turns}
+        else:
+            trigger = _count_of(edit.get("trigger"), "input_tokens", 100_000, f"{at}.trigger")
+            uses = _clear_tool_uses(messages, edit, at) if before > trigger else 0
+            done = {"type": edit["type"], "cleared_tool_uses": uses}
+        chat = replace(chat, messages=tuple(messages))
+        done["cleared_input_tokens"] = before - await _count(state, model_id, chat)
+        applied.append(done)
+    return chat, applied
 
 
 def options_of(body: MessagesRequest) -> Options:
     options = Options(LIMITS)
     options.set("max_tokens", body.max_tokens)
+    if body.thinking and body.thinking.get("type") == "enabled":
+        options.set("reasoning_budget", body.thinking.get("budget_tokens"), "thinking.budget_tokens")
     options.set("temperature", body.temperature)
     options.set("top_p", body.top_p)
     options.set("top_k", body.top_k)
@@ -420,8 +551,25 @@ class Blocks:
             return [*self._start({"type": "text", "text": ""}), *self.close()]
         if self.open is None:
             return []
+        events: list[str] = []
+        if self.open == "thinking":
+            delta = {"type": "signature_delta", "signature": SIGNATURE}
+            events.append(sse({"type": "content_block_delta", "index": self.index,
+                               "delta": delta}, "content_block_delta"))
         self.open = None
-        return [sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")]
+        stop = {"type": "content_block_stop", "index": self.index}
+        return [*events, sse(stop, "content_block_stop")]
+
+    def thinking(self, text: str) -> list[str]:
+        events = (
+            self._start({"type": "thinking", "thinking": "", "signature": ""})
+            if self.open != "thinking" else []
+        )
+        if not text:
+            return events
+        delta = {"type": "thinking_delta", "thinking": text}
+        return [*events, sse({"type": "content_block_delta", "index": self.index, "delta": delta},
+                             "content_block_delta")]
 
     def text(self, text: str) -> list[str]:
         events = self._start({"type": "text", "text": ""}) if self.open != "text" else []
@@ -450,14 +598,19 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
     refuse_unknown(body, HARMLESS)
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
-    chat = chat_of(body)
+    chat, applied = await _managed(state, model_id, chat_of(body), body.context_management)
     generation = options_of(body).generation(model_id, chat, "messages")
     mid = new_id("msg_")
     headers = {"request-id": new_id("req_")}
+    hidden = (body.thinking or {}).get("display") == "omitted"
+    managed = {} if applied is None else {"context_management": {"applied_edits": applied}}
     if not body.stream:
         answer = await generation.run(request)
         stop, stop_sequence = stop_of(answer.last)
         content: list[dict[str, Any]] = []
+        if answer.reasoning:
+            shown = "" if hidden else answer.reasoning
+            content.append({"type": "thinking", "thinking": shown, "signature": SIGNATURE})
         if answer.text or not answer.tool_calls:
             content.append({"type": "text", "text": answer.text})
         content += [
@@ -466,7 +619,7 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
             for call in answer.tool_calls
         ]
         return JSONResponse(
-            _message(
+            managed | _message(
                 mid,
                 model_id,
                 content,
@@ -495,7 +648,10 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
         blocks = Blocks()
         try:
             async for piece in stream:
-                if piece.text:
+                if piece.channel == "reasoning":
+                    for event in blocks.thinking("" if hidden else piece.text):
+                        yield event
+                elif piece.text:
                     for event in blocks.text(piece.text):
                         yield event
                 for delta in piece.tool_calls:
@@ -509,6 +665,7 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
                     yield sse(
                         {
                             "type": "message_delta",
+                            **managed,
                             "delta": {"stop_reason": stop, "stop_sequence": stop_sequence},
                             "usage": _usage(
                                 piece.usage.prompt_tokens, piece.usage.completion_tokens
@@ -537,7 +694,8 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     refuse_unknown(body, HARMLESS)
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
-    return {"input_tokens": await _count(state, model_id, chat_of(body))}
+    chat, _ = await _managed(state, model_id, chat_of(body), body.context_management)
+    return {"input_tokens": await _count(state, model_id, chat)}
 
 
 # -- models --------------------------------------------------------------------------------------

@@ -128,9 +128,13 @@ class Generation:
         last = pieces[-1]
         if last.usage is None:
             raise ApiError("internal", "generation ended without a finish")
-        text = "".join(p.text for p in pieces)
+        text = "".join(p.text for p in pieces if p.channel == "content")
         calls = ToolCall.joined([d for p in pieces for d in p.tool_calls])
-        return Answer(text, tuple(e for p in pieces for e in p.logprobs), last, last.usage, calls)
+        thought = [p for p in pieces if p.channel == "reasoning"]
+        return Answer(
+            text, tuple(e for p in pieces for e in p.logprobs), last, last.usage, calls,
+            "".join(p.text for p in thought), sum(len(p.token_ids) for p in thought),
+        )
 
     async def stream(self, request: Request) -> Stream:
         """Start generating and wait for the first piece, so that model, input and option errors
@@ -246,6 +250,8 @@ class Answer:
     last: Piece
     usage: Usage
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""  # a thinking template's reasoning, apart from the text
+    reasoning_tokens: int = 0
 
 
 class Stream:

@@ -20,6 +20,7 @@ from mlx_omnia.server.dialects.generation import (
     stream_all,
 )
 from mlx_omnia.server.dialects.openai.shared import (
+    EFFORTS,
     HARMLESS,
     LIMITS,
     Reply,
@@ -32,6 +33,7 @@ from mlx_omnia.server.dialects.openai.shared import (
     refuse_part,
     role_of,
     sampling_options,
+    thinking_of,
     usage_of,
 )
 from mlx_omnia.server.dialects.tools import CallIds, declared, function_tool, unique
@@ -69,6 +71,9 @@ class ChatCompletionRequest(Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
+    reasoning_effort: StrictStr | None = Field(None, json_schema_extra={"enum": [*EFFORTS, None]})
+    # vLLM's and SGLang's: variables for the chat template (Qwen3's enable_thinking, say).
+    chat_template_kwargs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     modalities: list[StrictStr] | None = None
 
@@ -140,7 +145,9 @@ def _tool_calls(calls: object, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def chat_of(messages: list[dict[str, Any]], tools: Tools = Tools()) -> Chat:
+def chat_of(
+    messages: list[dict[str, Any]], tools: Tools = Tools(), body: ChatCompletionRequest | None = None
+) -> Chat:
     if not messages:
         raise ApiError("invalid_request", "messages must not be empty", "messages")
     out: list[ChatMessage] = []
@@ -161,6 +168,9 @@ def chat_of(messages: list[dict[str, Any]], tools: Tools = Tools()) -> Chat:
             message["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         elif m.get("tool_calls") is not None:
             raise ApiError("invalid_request", f"{where}: only assistant messages have tool_calls", where)
+        thought = m.get("reasoning_content", m.get("reasoning"))
+        if role == "assistant" and isinstance(thought, str) and thought:
+            message["reasoning_content"] = thought  # as vLLM and DeepSeek's API take it back
         if role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str):
@@ -170,8 +180,11 @@ def chat_of(messages: list[dict[str, Any]], tools: Tools = Tools()) -> Chat:
                 )
             message["tool_call_id"] = call_id
         out.append(message)
+    effort = body.reasoning_effort if body is not None else None
     return Chat(
-        tuple(out), tools.tools, tools.choice, tools.allowed, tools.parallel
+        tuple(out), tools.tools, tools.choice, tools.allowed, tools.parallel,
+        thinking=thinking_of(effort, "reasoning_effort"), reasoning_effort=effort,
+        template_kwargs=(body.chat_template_kwargs or {}) if body is not None else {},
     )
 
 
@@ -254,6 +267,8 @@ def options_of(body: ChatCompletionRequest) -> Options:
 def _message(answer: Answer, call_id: Callable[[int], str]) -> dict[str, Any]:
     """A whole answer as an assistant message: its text (None when it is only calls) and calls."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
+    if answer.reasoning:
+        message["reasoning_content"] = answer.reasoning
     if answer.tool_calls:
         message["content"] = answer.text or None
         message["tool_calls"] = [
@@ -279,7 +294,7 @@ async def chat_completions(
     request: Request, body: ChatCompletionRequest
 ) -> JSONResponse | StreamingResponse:
     model_id = accepted(request, body, body.model, HARMLESS)
-    chat = chat_of(body.messages, tools_of(body))
+    chat = chat_of(body.messages, tools_of(body), body)
     generation = options_of(body).generation(model_id, chat, "messages")
     reply = Reply(new_id("chatcmpl-"), model_id)
     n = body.n or 1
@@ -296,7 +311,9 @@ async def chat_completions(
             for i, answer in enumerate(answers)
         ]
         out = reply.of("chat.completion", choices)
-        return JSONResponse({**out, "usage": usage_of(*(a.usage for a in answers))})
+        usage = usage_of(*(a.usage for a in answers),
+                         reasoning_tokens=sum(a.reasoning_tokens for a in answers))
+        return JSONResponse({**out, "usage": usage})
     streams = await stream_all(request, generation, n)
 
     def chunk(
@@ -310,6 +327,8 @@ async def chat_completions(
 
     def chunk_of(piece: Piece, index: int, _: int) -> dict[str, Any]:
         probs = chat_logprobs(piece.logprobs) if body.logprobs else None
+        if piece.channel == "reasoning":
+            return chunk(index, {"reasoning_content": piece.text}, logprobs=probs)
         delta: dict[str, Any] = {"content": piece.text} if piece.text or not piece.tool_calls else {}
         if piece.tool_calls:
             delta["tool_calls"] = [_call_delta(d, ids(index, d.index)) for d in piece.tool_calls]

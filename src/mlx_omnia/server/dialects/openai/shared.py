@@ -154,8 +154,9 @@ def logprob_entry(entry: TokenLogprob) -> dict[str, Any]:
     }
 
 
-def usage_of(*usages: Usage) -> dict[str, Any]:
-    """The usage of one answer, or of n choices to one prompt (its tokens counted once)."""
+def usage_of(*usages: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """The usage of one answer, or of n choices to one prompt (its tokens counted once);
+    `reasoning_tokens`: the completion tokens that were reasoning."""
     prompt = usages[0].prompt_tokens
     completion = sum(u.completion_tokens for u in usages)
     return {
@@ -163,8 +164,23 @@ def usage_of(*usages: Usage) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def thinking_of(effort: object, where: str) -> bool | None:
+    """A reasoning_effort as a thinking template's switch: "none" turns thinking off, any other
+    effort on (and reaches templates that read it), no effort leaves the template's default."""
+    if effort is None:
+        return None
+    if effort not in EFFORTS:
+        raise ApiError(
+            "invalid_request", f"{where} must be one of {', '.join(EFFORTS)}", where
+        )
+    return effort != "none"
 
 
 @dataclass(frozen=True)
@@ -209,19 +225,23 @@ def events(
                 yield sse(opening(i))
         sent = [0] * len(streams)
         usages: list[Usage] = []
+        reasoning = 0
         pieces = merged(streams)
         try:
             async for i, piece in pieces:
+                if piece.channel == "reasoning":
+                    reasoning += len(piece.token_ids)
                 if piece.text or piece.logprobs or piece.tool_calls:
                     yield sse(chunk_of(piece, i, sent[i]))
-                    sent[i] += len(piece.text)
+                    sent[i] += len(piece.text) if piece.channel == "content" else 0
                 if piece.finish_reason is None:
                     continue
                 yield sse(finish(i, piece.finish_reason))
                 if piece.usage is not None:
                     usages.append(piece.usage)
             if include_usage and usages:
-                yield sse({**finish(0, None), "choices": [], "usage": usage_of(*usages)})
+                usage = usage_of(*usages, reasoning_tokens=reasoning)
+                yield sse({**finish(0, None), "choices": [], "usage": usage})
         except Exception as e:
             yield sse(error_body("openai", streams[0].error(e)))
         finally:
