@@ -219,9 +219,10 @@ class Model:
         context = prompt[-CONTEXT:] if continued else []
         if isinstance(input, Chat) and input.tools and input.tool_choice != "none":
             fmt = self.tokenizer.tool_format
-            keep = frozenset(self.tokenizer.special_ids([fmt.begin, fmt.end]).values())
+            keep = frozenset(self.tokenizer.special_ids(fmt.markers).values())
             pieces = self._pieces(prompt, sampler, max_tokens, options, context, keep)
-            return _tool_calls(pieces, fmt.parser(), input.parallel_tool_calls, len(prompt))
+            parser = fmt.parser(input.tools)
+            return _tool_calls(pieces, parser, input.parallel_tool_calls, len(prompt))
         return self._pieces(prompt, sampler, max_tokens, options, context)
 
     def _forced_calls(self, input: Chat | str, options: GenerationOptions) -> GenerationOptions:
@@ -236,7 +237,7 @@ class Model:
         fmt = self.tokenizer.tool_format
         grammar = fmt.grammar(
             input.tools, input.allowed_tools, input.parallel_tool_calls,
-            self.tokenizer.special_ids([fmt.begin, fmt.end]),
+            self.tokenizer.special_ids(fmt.markers),
         )
         return replace(options, constraint=Constraint.lark(grammar))
 
