@@ -222,10 +222,10 @@ class Model:
         context = prompt[-CONTEXT:] if continued else []
         chat = input if isinstance(input, Chat) else None
         calls = chat is not None and bool(chat.tools) and chat.tool_choice != "none"
-        thinks = self._reasoning(chat)
+        # A constrained answer is what its grammar says from the first token: no reasoning.
+        thinks = self._reasoning(chat) if options.constraint is None else None
         markers = [*((thinks.begin, thinks.end) if thinks else ()),
-                   *((self.tokenizer.tool_format.begin, self.tokenizer.tool_format.end)
-                     if calls else ())]
+                   *(self.tokenizer.tool_format.markers if calls else ())]
         keep = frozenset(self.tokenizer.special_ids(markers).values())
         opened = thinks is not None and thinks.splitter(self._prompt_tail(prompt)).inside
         sample = self._budgeted(sampler, options, thinks, opened)
@@ -234,7 +234,7 @@ class Model:
             pieces = _reasoning(pieces, thinks.splitter(self._prompt_tail(prompt)))
         if calls and chat is not None:
             fmt = self.tokenizer.tool_format
-            return _tool_calls(pieces, fmt.parser(), chat.parallel_tool_calls, len(prompt))
+            return _tool_calls(pieces, fmt.parser(chat.tools), chat.parallel_tool_calls, len(prompt))
         return pieces
 
     def _reasoning(self, chat: Chat | None) -> ReasoningFormat | None:
@@ -272,7 +272,7 @@ class Model:
         fmt = self.tokenizer.tool_format
         grammar = fmt.grammar(
             input.tools, input.allowed_tools, input.parallel_tool_calls,
-            self.tokenizer.special_ids([fmt.begin, fmt.end]),
+            self.tokenizer.special_ids(fmt.markers),
         )
         return replace(options, constraint=Constraint.lark(grammar))
 

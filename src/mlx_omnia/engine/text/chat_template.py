@@ -112,10 +112,10 @@ class ChatTemplate:
             **{k: v for k, v in self.special_tokens.items() if v is not None},
             "messages": [_text_content(m) for m in messages],
             "add_generation_prompt": add_generation_prompt,
+            # As transformers does: `tools` is always defined, None without tools.
+            "tools": [dict(t) for t in tools] if tools else None,
             **extra,
         }
-        if tools:
-            context["tools"] = [dict(t) for t in tools]
         try:
             return self._template.render(context)
         except ChatTemplateError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlx_omnia.engine.text.tools import partial_suffix
+from mlx_omnia.engine.text.tools.calls import partial_suffix
 
 Channel = str  # "reasoning" or "content"
 
