@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ConfigDict, Field
 
 from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TextPart, ToolCallDelta
@@ -27,6 +27,16 @@ from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
 router = APIRouter()
+# Claude Code's reachability probes of its base URL, sent without a key: they answer 200 with
+# no body, as Anthropic's API does; not an API, so not in the schema.
+PROBES = ("/api/anthropic", "/api/anthropic/api/hello")
+probes = APIRouter(include_in_schema=False)
+
+
+@probes.api_route(PROBES[0], methods=["GET", "HEAD"])
+@probes.api_route(PROBES[1], methods=["GET", "HEAD"])
+async def probe() -> Response:
+    return Response(status_code=200)
 
 # Request fields accepted and ignored because they cannot change the output.
 # (cache_control: a prompt-caching hint; speed: a latency tier; diagnostics: prompt-cache
@@ -55,6 +65,7 @@ ROLES: dict[str, Literal["user", "assistant", "system"]] = {
     "user": "user", "assistant": "assistant", "system": "system"
 }
 ToolChoice = Literal["auto", "none", "required"]
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 # Keys of a custom tool (cache_control: a caching hint; defer_loading: tool search's hint, the
 # tool is declared to the model all the same; strict: arguments follow the schema, which a
 # forced call's grammar does).
@@ -108,6 +119,8 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(None, json_schema_extra=documented("top_k", LIMITS))
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
 
 
 # -- request -> engine ---------------------------------------------------------------------------
@@ -337,7 +350,37 @@ def _check_thinking(thinking: dict[str, Any] | None) -> None:
         )
 
 
+def _check_output_config(config: dict[str, Any] | None) -> None:
+    """`effort` asks how much to think and write, a hint like adaptive thinking: a model answers
+    as it always does. A `format` (structured output) is not honoured here, so it is refused."""
+    for key, value in (config or {}).items():
+        if key == "effort" and value in EFFORTS:
+            continue
+        at = f"output_config.{key}"
+        if key == "effort":
+            raise ApiError("invalid_request", f"{at}: must be one of {', '.join(EFFORTS)}", at)
+        raise ApiError("invalid_request", f"{at}: field is not supported by this server", at)
+
+
+def _check_context_management(config: dict[str, Any] | None) -> None:
+    """Context edits: clearing thinking blocks is what this server always does (they never reach
+    the prompt); other edits (clearing tool results) would change the prompt, so they are refused."""
+    for key, value in (config or {}).items():
+        if key != "edits":
+            at = f"context_management.{key}"
+            raise ApiError("invalid_request", f"{at}: field is not supported by this server", at)
+        for i, edit in enumerate(cast(list[Any], value) if isinstance(value, list) else [value]):
+            kind = cast(dict[str, Any], edit).get("type") if isinstance(edit, dict) else None
+            if not (isinstance(kind, str) and kind.startswith("clear_thinking_")):
+                at = f"context_management.edits.{i}.type"
+                raise ApiError(
+                    "invalid_request", f"{at}: only clear_thinking edits are supported by this server", at
+                )
+
+
 def options_of(body: MessagesRequest) -> Options:
+    _check_output_config(body.output_config)
+    _check_context_management(body.context_management)
     options = Options(LIMITS)
     options.set("max_tokens", body.max_tokens)
     options.set("temperature", body.temperature)
