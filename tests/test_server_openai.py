@@ -366,8 +366,8 @@ def test_response_stream_incomplete(client: openai.OpenAI) -> None:
     ("kwargs", "param"),
     [
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"extra_body": {"seed": 3}}, "seed"),
         (
             {
@@ -377,7 +377,8 @@ def test_response_stream_incomplete(client: openai.OpenAI) -> None:
             },
             "input[0].content[0]",
         ),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+        ({"input": [{"type": "computer_call_output", "call_id": "c", "output": {}}]},
+         "input[0].type"),
         ({"include": ["message.output_text.logprobs", "everything"]}, "include[1]"),
         ({"top_logprobs": 21}, "top_logprobs"),
     ],

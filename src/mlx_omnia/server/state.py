@@ -14,6 +14,7 @@ from mlx_omnia import Chat, GenerationOptions, Model
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.scheduler import Job, Scheduler
 from mlx_omnia.server.settings import Settings
+from mlx_omnia.server.stored import ResponseStore
 
 T = TypeVar("T")
 
@@ -36,6 +37,7 @@ class ServerState:
     scheduler: Scheduler
     started_at: float = field(default_factory=time.time)
     last_answer: LastAnswer | None = None
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
     def job(self, model_id: str, input: Chat | str, options: GenerationOptions) -> Job:
         return Job(model_id, input, options, asyncio.get_running_loop())

@@ -269,7 +269,8 @@ def _tools(body: CountTokensRequest) -> tuple[tuple[dict[str, Any], ...], ToolCh
     if kind == "none":
         return tools, "none", (), parallel
     if kind == "tool":
-        return tools, "required", (declared(choice.get("name"), tools, "tool_choice.name"),), parallel
+        name = declared(choice.get("name"), tools, "tool_choice.name")
+        return tools, "required", (name,), False  # the named tool, used once
     return tools, "required", (), parallel
 
 

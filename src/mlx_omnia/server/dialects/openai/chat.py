@@ -205,7 +205,7 @@ def tools_of(body: ChatCompletionRequest) -> Tools:
     if entry is not None and entry.get("type") == "function":
         function = as_dict(entry.get("function")) or {}
         name = declared(function.get("name"), tools, "tool_choice.function.name")
-        return Tools(tools, "required", (name,), parallel)
+        return Tools(tools, "required", (name,), False)  # the named function, called once
     if entry is not None and entry.get("type") == "allowed_tools":
         allowed = as_dict(entry.get("allowed_tools")) or {}
         mode = allowed.get("mode")

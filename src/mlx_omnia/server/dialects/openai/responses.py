@@ -1,9 +1,9 @@
-"""OpenAI responses: POST /responses (stateless: the whole conversation comes in `input`)."""
+"""OpenAI responses: POST /responses, and the stored ones (GET and DELETE /responses/{id})."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -12,7 +12,8 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from mlx_omnia import Chat, ChatMessage, Piece, TokenLogprob
 from mlx_omnia.server.dialects.common import STREAMED, new_id, now, sse, text_part
 from mlx_omnia.server.dialects.common import Request as Body
-from mlx_omnia.server.dialects.generation import Options, documented
+from mlx_omnia.server.dialects.generation import Answer, Options, documented
+from mlx_omnia.server.dialects.openai.chat import Tools
 from mlx_omnia.server.dialects.openai.shared import (
     HARMLESS,
     LIMITS,
@@ -21,10 +22,12 @@ from mlx_omnia.server.dialects.openai.shared import (
     logprob_entry,
     parts_of,
     refuse_part,
-    refuse_tools,
     role_of,
 )
+from mlx_omnia.server.dialects.tools import CallIds, declared, function_tool, unique
 from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.state import ServerState, state_of
+from mlx_omnia.server.stored import StoredResponse
 
 router = APIRouter()
 
@@ -95,6 +98,8 @@ class ResponsesRequest(Body):
     stream: StrictBool | None = False
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    store: StrictBool | None = None
     previous_response_id: StrictStr | None = None
     conversation: Any = None
     prompt: Any = None
@@ -130,43 +135,131 @@ def _item_text(content: Any, role: str, where: str) -> str:
     return "\n".join(texts)
 
 
-def _responses_chat(body: ResponsesRequest) -> Chat:
+def _output_text(output: object, where: str) -> str:
+    """A function_call_output's output: a string, or input_text parts."""
+    if isinstance(output, str):
+        return output
+    return _item_text(output, "user", where)
+
+
+def input_messages(items: str | list[Any], where: str = "input") -> list[ChatMessage]:
+    """Input items as the engine's messages: messages, function_call items (an assistant's tool
+    calls, joined with the assistant text before them) and function_call_output items (tool
+    turns); reasoning items of earlier turns are dropped (templates drop them too)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[ChatMessage] = []
+    for i, raw in enumerate(items):
+        at = f"{where}[{i}]"
+        item = as_dict(raw)
+        if item is None:
+            raise ApiError("invalid_request", f"{at} must be an object", at)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = role_of(RESPONSE_ROLES, item, at)
+            messages.append(
+                {"role": role, "content": _item_text(item.get("content"), role, f"{at}.content")}
+            )
+        elif kind == "function_call":
+            name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
+            if not (isinstance(name, str) and isinstance(args, str) and isinstance(call_id, str)):
+                raise ApiError(
+                    "invalid_request", f"{at}: a function_call needs call_id, name and arguments "
+                    "(strings)", at,
+                )
+            call = {"id": call_id, "type": "function",
+                    "function": {"name": name, "arguments": args}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise ApiError("invalid_request", f"{at}.call_id must be a string", f"{at}.call_id")
+            messages.append({
+                "role": "tool", "tool_call_id": call_id,
+                "content": _output_text(item.get("output"), f"{at}.output"),
+            })
+        elif kind == "reasoning":
+            continue
+        else:
+            raise ApiError(
+                "invalid_request",
+                f"{at}: item type {kind!r} is not supported (message, function_call, "
+                "function_call_output and reasoning items are)",
+                f"{at}.type",
+            )
+    return messages
+
+
+def _tools(body: ResponsesRequest) -> Tools:
+    """Function tools (a namespace's functions among them), tool_choice, parallel_tool_calls."""
+    declared_tools: list[dict[str, Any]] = []
+
+    def add(tool: dict[str, Any], where: str) -> None:
+        kind = tool.get("type")
+        if kind == "function":
+            declared_tools.append(function_tool(
+                tool.get("name"), tool.get("description"), tool.get("parameters"), where
+            ))
+        elif kind == "namespace":  # Codex's group of functions: each is a function tool
+            for j, inner in enumerate(cast(list[Any], tool.get("tools") or [])):
+                add(as_dict(inner) or {}, f"{where}.tools[{j}]")
+        else:
+            raise ApiError(
+                "invalid_request",
+                f"{where}: {kind!r} tools are not supported by this server (function tools are; "
+                "hosted tools such as web_search run on OpenAI's servers)",
+                f"{where}.type",
+            )
+
+    for i, raw in enumerate(body.tools or []):
+        add(as_dict(raw) or {}, f"tools[{i}]")
+    tools = unique(declared_tools, "tools")
+    parallel = body.parallel_tool_calls is not False
+    choice = body.tool_choice
+    if choice is None or choice == "auto":
+        return Tools(tools, "auto", (), parallel)
+    if not tools and choice != "none":
+        raise ApiError("invalid_request", "tool_choice needs tools", "tool_choice")
+    if choice in ("none", "required"):
+        return Tools(tools, choice, (), parallel)
+    entry = as_dict(choice) or {}
+    if entry.get("type") == "function":
+        name = declared(entry.get("name"), tools, "tool_choice.name")
+        return Tools(tools, "required", (name,), False)  # the named function, called once
+    if entry.get("type") == "allowed_tools" and entry.get("mode") in ("auto", "required"):
+        listed = entry.get("tools")
+        if isinstance(listed, list) and listed:
+            names = tuple(
+                declared((as_dict(t) or {}).get("name"), tools, f"tool_choice.tools[{j}]")
+                for j, t in enumerate(cast(list[Any], listed))
+            )
+            return Tools(tuple(t for t in tools if t["function"]["name"] in names),
+                         entry["mode"], (), parallel)
+    raise ApiError(
+        "invalid_request",
+        "tool_choice must be 'none', 'auto', 'required', a function or allowed_tools",
+        "tool_choice",
+    )
+
+
+def _responses_chat(body: ResponsesRequest, earlier: Sequence[ChatMessage] = ()) -> Chat:
+    """The conversation: the instructions, a stored response's conversation this one follows,
+    then the input."""
+    if not isinstance(body.input, str) and not body.input:
+        raise ApiError("invalid_request", "input must not be empty", "input")
     messages: list[ChatMessage] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    if isinstance(body.input, str):
-        messages.append({"role": "user", "content": body.input})
-        return Chat(tuple(messages))
-    if not body.input:
-        raise ApiError("invalid_request", "input must not be empty", "input")
-    for i, raw in enumerate(body.input):
-        where = f"input[{i}]"
-        item = as_dict(raw)
-        if item is None:
-            raise ApiError("invalid_request", f"{where} must be an object", where)
-        kind = item.get("type", "message")
-        if kind != "message":
-            raise ApiError(
-                "invalid_request",
-                f"{where}: item type {kind!r} is not supported (messages only)",
-                where,
-            )
-        role = role_of(RESPONSE_ROLES, item, where)
-        messages.append(
-            {"role": role, "content": _item_text(item.get("content"), role, f"{where}.content")}
-        )
-    return Chat(tuple(messages))
+    messages += [*earlier, *input_messages(body.input)]
+    tools = _tools(body)
+    return Chat(tuple(messages), tools.tools, tools.choice, tools.allowed, tools.parallel)
 
 
 def _responses_options(body: ResponsesRequest) -> Options:
-    refuse_tools(body.tools, body.tool_choice)
-    if body.previous_response_id is not None:
-        raise ApiError(
-            "invalid_request",
-            "previous_response_id is not supported: this server stores no responses; send the "
-            "whole conversation in input",
-            "previous_response_id",
-        )
     if body.conversation is not None:
         raise ApiError(
             "invalid_request",
@@ -178,10 +271,7 @@ def _responses_options(body: ResponsesRequest) -> Options:
     for i, what in enumerate(body.include or []):
         if what not in INCLUDABLE:
             raise ApiError("invalid_request", f"include {what!r} is not valid", f"include[{i}]")
-    if body.reasoning and any(v is not None for v in body.reasoning.values()):
-        raise ApiError(
-            "invalid_request", "reasoning options are not supported by this model", "reasoning"
-        )
+    _check_reasoning(body.reasoning)
     if body.text:
         fmt = body.text.get("format")
         if fmt is not None and (as_dict(fmt) or {}).get("type") != "text":
@@ -206,19 +296,40 @@ def _responses_options(body: ResponsesRequest) -> Options:
     return options
 
 
+def _check_reasoning(reasoning: dict[str, Any] | None) -> None:
+    """reasoning.effort and .summary: accepted; a model without a thinking template answers
+    the same whatever its effort, and has no reasoning to summarize."""
+    for key, value in (reasoning or {}).items():
+        if key == "effort" and value not in (None, "none", "minimal", "low", "medium", "high",
+                                             "xhigh"):
+            raise ApiError("invalid_request", f"reasoning.effort {value!r} is not valid",
+                           "reasoning.effort")
+        elif key in ("summary", "generate_summary") and value not in (None, "auto", "concise",
+                                                                      "detailed"):
+            raise ApiError("invalid_request", f"reasoning.{key} {value!r} is not valid",
+                           f"reasoning.{key}")
+        elif key not in ("effort", "summary", "generate_summary"):
+            raise ApiError("invalid_request", f"reasoning.{key} is not supported",
+                           f"reasoning.{key}")
+
+
 def wants_logprobs(body: ResponsesRequest) -> bool:
     """Logprobs come with the output text when `include` asks for them or top_logprobs is set."""
     return LOGPROBS in (body.include or []) or body.top_logprobs is not None
 
 
 class _ResponseShape:
-    """Builds the Response object and its output message as generation goes."""
+    """Builds the Response object and its output items (a message with the text, a
+    function_call item a tool call) as generation goes."""
 
-    def __init__(self, body: ResponsesRequest, model_id: str) -> None:
+    def __init__(self, body: ResponsesRequest, model_id: str, chat: Chat) -> None:
         self.body = body
         self.model_id = model_id
+        self.chat = chat
         self.id = new_id("resp_")
         self.item_id = new_id("msg_")
+        self.call_ids = CallIds("call_")
+        self.item_ids = CallIds("fc_")
         self.created = now()
 
     def part(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
@@ -233,6 +344,25 @@ class _ResponseShape:
             "status": status,
             "content": content,
         }
+
+    def call(self, index: int, name: str, arguments: str, status: str) -> dict[str, Any]:
+        return {
+            "id": self.item_ids(0, index),
+            "type": "function_call",
+            "status": status,
+            "call_id": self.call_ids(0, index),
+            "name": name,
+            "arguments": arguments,
+        }
+
+    def output(self, answer: Answer) -> list[dict[str, Any]]:
+        status = "incomplete" if answer.last.finish_reason == "length" else "completed"
+        items: list[dict[str, Any]] = []
+        if answer.text or not answer.tool_calls:
+            items.append(self.item(status, [self.part(answer.text, answer.logprobs)]))
+        items += [self.call(i, c.name, c.arguments, "completed")
+                  for i, c in enumerate(answer.tool_calls)]
+        return items
 
     def response(
         self, status: str, output: list[dict[str, Any]], piece: Piece | None = None
@@ -254,6 +384,9 @@ class _ResponseShape:
                 incomplete = {"reason": "max_output_tokens"}
             else:
                 completed_at = now()
+        choice: Any = self.chat.tool_choice
+        if self.chat.allowed_tools:
+            choice = {"type": "function", "name": self.chat.allowed_tools[0]}
         return {
             "id": self.id,
             "object": "response",
@@ -266,14 +399,19 @@ class _ResponseShape:
             "max_output_tokens": b.max_output_tokens,
             "model": self.model_id,
             "output": output,
-            "parallel_tool_calls": False,
-            "previous_response_id": None,
+            "parallel_tool_calls": self.chat.parallel_tool_calls,
+            "previous_response_id": b.previous_response_id,
             "reasoning": {"effort": None, "summary": None},
-            "store": False,
+            "store": b.store is not False,
             "temperature": b.temperature,
             "text": {"format": {"type": "text"}},
-            "tool_choice": "none",
-            "tools": [],
+            "tool_choice": choice,
+            "tools": [
+                {"type": "function", "name": t["function"]["name"],
+                 "description": t["function"].get("description"),
+                 "parameters": t["function"]["parameters"], "strict": False}
+                for t in self.chat.tools
+            ],
             "top_logprobs": b.top_logprobs,
             "top_p": b.top_p,
             "truncation": "disabled",
@@ -282,17 +420,46 @@ class _ResponseShape:
             "metadata": getattr(b, "metadata", None) or {},
         }
 
+    def keep(self, state: ServerState, response: dict[str, Any]) -> None:
+        """Store the response (unless the request said store: false) with its conversation."""
+        if self.body.store is False:
+            return
+        conversation = [m for m in self.chat.messages if not self._instructions(m)]
+        conversation += input_messages(response["output"], "output")
+        state.responses.put(StoredResponse(response, tuple(conversation)))
+
+    def _instructions(self, message: ChatMessage) -> bool:
+        return bool(self.body.instructions) and message is self.chat.messages[0]
+
+
+def _earlier(state: ServerState, body: ResponsesRequest) -> tuple[ChatMessage, ...]:
+    """The conversation of the stored response this request follows, if it names one."""
+    if body.previous_response_id is None:
+        return ()
+    stored = state.responses.get(body.previous_response_id)
+    if stored is None:
+        raise ApiError(
+            "invalid_request",
+            f"previous_response_id: no stored response {body.previous_response_id!r} (this "
+            "server keeps responses in memory, the last 1000, until it restarts)",
+            "previous_response_id",
+        )
+    return stored.conversation
+
 
 @router.post("/responses", response_model=None, responses=STREAMED)
 async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | StreamingResponse:
     model_id = accepted(request, body, body.model, RESPONSES_HARMLESS)
-    generation = _responses_options(body).generation(model_id, _responses_chat(body), "input")
-    shape = _ResponseShape(body, model_id)
+    state = state_of(request)
+    chat = _responses_chat(body, _earlier(state, body))
+    generation = _responses_options(body).generation(model_id, chat, "input")
+    shape = _ResponseShape(body, model_id, chat)
     if not body.stream:
         answer = await generation.run(request)
         status = "incomplete" if answer.last.finish_reason == "length" else "completed"
-        item = shape.item(status, [shape.part(answer.text, answer.logprobs)])
-        return JSONResponse(shape.response(status, [item], answer.last))
+        out = shape.response(status, shape.output(answer), answer.last)
+        shape.keep(state, out)
+        return JSONResponse(out)
     stream = await generation.stream(request)
 
     async def events() -> AsyncIterator[str]:
@@ -304,40 +471,89 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
             seq += 1
             return out
 
-        where = {"item_id": shape.item_id, "output_index": 0}
         yield event("response.created", response=shape.response("in_progress", []))
         yield event("response.in_progress", response=shape.response("in_progress", []))
-        yield event(
-            "response.output_item.added", output_index=0, item=shape.item("in_progress", [])
-        )
-        yield event("response.content_part.added", **where, content_index=0, part=shape.part(""))
+        output: list[dict[str, Any]] = []  # items done
         texts: list[str] = []
         logprobs: list[TokenLogprob] = []
+        message: int | None = None  # the output index of the open message
+        call: tuple[int, int, str, list[str]] | None = None  # output index, call index, name, args
+
+        def close_message(status: str) -> list[str]:
+            nonlocal message
+            if message is None:
+                return []
+            at = {"item_id": shape.item_id, "output_index": message}
+            text = "".join(texts)
+            part = shape.part(text, logprobs)
+            item = shape.item(status, [part])
+            output.append(item)
+            message = None
+            return [
+                event("response.output_text.done", **at, content_index=0, text=text,
+                      logprobs=part["logprobs"]),
+                event("response.content_part.done", **at, content_index=0, part=part),
+                event("response.output_item.done", output_index=len(output) - 1, item=item),
+            ]
+
+        def close_call() -> list[str]:
+            nonlocal call
+            if call is None:
+                return []
+            index, n, name, args = call
+            item = shape.call(n, name, "".join(args), "completed")
+            output.append(item)
+            call = None
+            return [
+                event("response.function_call_arguments.done", item_id=item["id"],
+                      output_index=index, name=name, arguments=item["arguments"]),
+                event("response.output_item.done", output_index=index, item=item),
+            ]
+
         try:
             async for piece in stream:
                 if piece.text or piece.logprobs:
+                    if message is None:
+                        for e in close_call():
+                            yield e
+                        message = len(output)
+                        yield event("response.output_item.added", output_index=message,
+                                    item=shape.item("in_progress", []))
+                        yield event("response.content_part.added", item_id=shape.item_id,
+                                    output_index=message, content_index=0, part=shape.part(""))
                     texts.append(piece.text)
                     logprobs += piece.logprobs
                     yield event(
-                        "response.output_text.delta",
-                        **where,
-                        content_index=0,
-                        delta=piece.text,
+                        "response.output_text.delta", item_id=shape.item_id, output_index=message,
+                        content_index=0, delta=piece.text,
                         logprobs=[logprob_entry(e) for e in piece.logprobs],
                     )
+                for d in piece.tool_calls:
+                    if d.name is not None:
+                        for e in [*close_message("completed"), *close_call()]:
+                            yield e
+                        call = (len(output), d.index, d.name, [])
+                        yield event("response.output_item.added", output_index=call[0],
+                                    item=shape.call(d.index, d.name, "", "in_progress"))
+                    if call is not None and d.arguments:
+                        call[3].append(d.arguments)
+                        yield event("response.function_call_arguments.delta",
+                                    item_id=shape.item_ids(0, call[1]), output_index=call[0],
+                                    delta=d.arguments)
                 if piece.finish_reason is None:
                     continue
-                text = "".join(texts)
                 status = "incomplete" if piece.finish_reason == "length" else "completed"
-                part = shape.part(text, logprobs)
-                item = shape.item(status, [part])
-                yield event(
-                    "response.output_text.done", **where, content_index=0, text=text,
-                    logprobs=part["logprobs"],
-                )
-                yield event("response.content_part.done", **where, content_index=0, part=part)
-                yield event("response.output_item.done", output_index=0, item=item)
-                yield event(f"response.{status}", response=shape.response(status, [item], piece))
+                if not output and message is None and call is None:  # an empty answer
+                    message = 0
+                    yield event("response.output_item.added", output_index=0,
+                                item=shape.item("in_progress", []))
+                    yield event("response.content_part.added", item_id=shape.item_id,
+                                output_index=0, content_index=0, part=shape.part(""))
+                for e in [*close_message(status), *close_call()]:
+                    yield e
+                done = shape.response(status, output, piece)
+                shape.keep(state, done)
+                yield event(f"response.{status}", response=done)
         except Exception as e:
             err = stream.error(e)
             code = "model_not_found" if err.kind == "not_found" else err.kind
@@ -346,3 +562,18 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
             await stream.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@router.get("/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> dict[str, Any]:
+    stored = state_of(request).responses.get(response_id)
+    if stored is None:
+        raise ApiError("not_found", f"no stored response {response_id!r}", "response_id")
+    return stored.response
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
+    if not state_of(request).responses.delete(response_id):
+        raise ApiError("not_found", f"no stored response {response_id!r}", "response_id")
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
