@@ -181,11 +181,6 @@ def test_claude_code_answers(bins: dict[str, Path], server: Server, tmp_path: Pa
     assert result["usage"]["input_tokens"] > 8000  # its system prompt and tools were read
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Responses API refuses Codex's tools and reasoning {summary: auto} (issue 29, in work "
-    "on main): drop this mark when it passes",
-)
 def test_codex_answers(bins: dict[str, Path], server: Server, tmp_path: Path) -> None:
     codex_home = tmp_path / ".codex"
     codex_home.mkdir(parents=True)
