@@ -1,11 +1,15 @@
-"""A real omnia-server on a free loopback port, in a background thread of the test process."""
+"""A real omnia-server on a free loopback port, in a background thread of the test process or
+in its own process."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -71,3 +75,30 @@ def live_server(
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def server_process(
+    args: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """omnia-server in its own process, started as users start it, on a free loopback port with
+    `args`, its output in `log`; yields its URL once /admin/health answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlx_omnia.server.main", "--port", str(port), *args]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{url}/admin/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError(f"omnia-server did not start: {log.read_text()}")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

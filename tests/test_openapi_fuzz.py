@@ -9,10 +9,8 @@ a BOS token) and a static schema cannot state them; those answer 400, which is d
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import httpx
 import pytest
 
 from tests.fixtures.tiny import write_tiny_llama
-from tests.server_harness import free_port
+from tests.server_harness import server_process
 
 HERE = Path(__file__).parent
 CHECKS = (
@@ -41,32 +39,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     is short) as the default model "tiny", with a hub cache of its own and no network."""
     root = tmp_path_factory.mktemp("fuzz")
     tiny = write_tiny_llama(root / "tiny", max_position_embeddings=64)
-    port = free_port()
     env = {
-        **os.environ,
         "HF_HOME": str(root / "hf"),
         "HF_HUB_CACHE": str(root / "hf" / "hub"),
         "HF_HUB_OFFLINE": "1",
     }
-    cmd = [sys.executable, "-m", "mlx_omnia.server.main", "--port", str(port), "--model", str(tiny)]
-    log = (root / "server.log").open("w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{url}/admin/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise RuntimeError(f"omnia-server did not start: {(root / 'server.log').read_text()}")
+    with server_process(["--model", str(tiny)], root / "server.log", env) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def test_schema_documents_what_the_server_answers(server: str) -> None:

@@ -446,3 +446,66 @@ def test_top_k_and_top_p_are_honoured(client: anthropic.Anthropic, smollm2: Any)
     assert msg.content[0].text == greedy(smollm2, [user(FRANCE)], 8).text
     assert "top_p" in _bad(client, extra_body={"top_p": 0}).message
     assert "top_k" in _bad(client, extra_body={"top_k": -1}).message
+
+
+def test_claude_code_hints_are_accepted(client: anthropic.Anthropic, smollm2: Any) -> None:
+    """What Claude Code sends besides the prompt: `?beta=true`, anthropic-beta, adaptive
+    thinking, an effort and a context edit that clears thinking (never in our prompts)."""
+    msg = client.messages.create(
+        model=MODEL,
+        max_tokens=8,
+        messages=[{"role": "user", "content": FRANCE}],
+        extra_query={"beta": "true"},
+        extra_headers={"anthropic-beta": "context-management-2025-06-27,effort-2025-11-24"},
+        extra_body={
+            **GREEDY,
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        },
+    )
+    assert msg.content[0].type == "text"
+    assert msg.content[0].text == greedy(smollm2, [user(FRANCE)], 8).text
+    fmt = {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}
+    assert "output_config.format" in _bad(client, extra_body=fmt).message
+    assert "output_config.effort" in _bad(client, extra_body={"output_config": {"effort": "huge"}}).message
+    unknown = {"context_management": {"edits": [{"type": "clear_everything"}]}}
+    assert "context_management.edits.0.type" in _bad(client, extra_body=unknown).message
+
+
+def test_context_management_clears_old_tool_results(client: anthropic.Anthropic) -> None:
+    """clear_tool_uses past its trigger: all but the last `keep` results replaced, reported in
+    applied_edits with the tokens saved."""
+    messages: list[Any] = [{"role": "user", "content": "Read the files."}]
+    for n in range(4):
+        messages += [
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": f"t{n}", "name": "read", "input": {"n": n}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"t{n}", "content": "lorem ipsum " * 40}]},
+        ]
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 10},
+            "keep": {"type": "tool_uses", "value": 1}}
+    tools = [{"name": "read", "input_schema": {"type": "object"}}]
+    plain = client.messages.create(
+        model=MODEL, max_tokens=1, messages=messages, tools=tools, extra_body=GREEDY
+    )
+    raw = client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=1, messages=messages, tools=tools,
+        extra_body={**GREEDY, "context_management": {"edits": [edit]}},
+    )
+    applied = raw.http_response.json()["context_management"]["applied_edits"]
+    assert applied[0]["type"] == "clear_tool_uses_20250919"
+    assert applied[0]["cleared_tool_uses"] == 3
+    saved = applied[0]["cleared_input_tokens"]
+    assert saved > 100 and raw.parse().usage.input_tokens == plain.usage.input_tokens - saved
+
+
+def test_reachability_probes_need_no_key() -> None:
+    """Claude Code probes HEAD {base} and {base}/api/hello without its key."""
+    with live_server(Settings(api_key="secret")) as server:
+        for path in ("/api/anthropic", "/api/anthropic/api/hello"):
+            probe = httpx.head(server.url + path)
+            assert (probe.status_code, probe.content) == (200, b"")
+        denied = httpx.post(server.url + "/api/anthropic/v1/messages", json={})
+        assert denied.status_code == 401

@@ -35,7 +35,8 @@ from mlx_omnia.server.scheduler import Scheduler
 from mlx_omnia.server.settings import Settings
 from mlx_omnia.server.state import LastAnswer, ServerState
 
-OPEN_PATHS = ("/admin/health", "/")  # and the web app's assets under /static/
+# Paths that need no key (nor do the web app's assets under /static/).
+OPEN_PATHS = ("/admin/health", "/", *anthropic.PROBES)
 
 
 def _presented_key(request: Request) -> str | None:
@@ -148,6 +149,7 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
     app.include_router(
         anthropic.router, prefix="/api/anthropic/v1", responses=error_responses("anthropic")
     )
+    app.include_router(anthropic.probes)
     app.include_router(
         gemini.router, prefix="/api/gemini/v1beta", responses=error_responses("gemini")
     )

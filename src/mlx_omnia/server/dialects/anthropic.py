@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ConfigDict, Field
 
 from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TextPart, ToolCallDelta
@@ -28,6 +28,16 @@ from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
 router = APIRouter()
+# Claude Code's reachability probes of its base URL, sent without a key: they answer 200 with
+# no body, as Anthropic's API does; not an API, so not in the schema.
+PROBES = ("/api/anthropic", "/api/anthropic/api/hello")
+probes = APIRouter(include_in_schema=False)
+
+
+@probes.api_route(PROBES[0], methods=["GET", "HEAD"])
+@probes.api_route(PROBES[1], methods=["GET", "HEAD"])
+async def probe() -> Response:
+    return Response(status_code=200)
 
 # Request fields accepted and ignored because they cannot change the output.
 # (cache_control: a prompt-caching hint; speed: a latency tier; diagnostics: prompt-cache
@@ -59,6 +69,7 @@ ROLES: dict[str, Literal["user", "assistant", "system"]] = {
     "user": "user", "assistant": "assistant", "system": "system"
 }
 ToolChoice = Literal["auto", "none", "required"]
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 # Keys of a custom tool (cache_control: a caching hint; defer_loading: tool search's hint, the
 # tool is declared to the model all the same; strict: arguments follow the schema, which a
 # forced call's grammar does).
@@ -113,6 +124,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(None, json_schema_extra=documented("top_k", LIMITS))
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
 
 
 # -- request -> engine ---------------------------------------------------------------------------
@@ -467,7 +479,20 @@ async def _managed(
     return chat, applied
 
 
+def _check_output_config(config: dict[str, Any] | None) -> None:
+    """`effort` asks how much to think and write, a hint like adaptive thinking: a model answers
+    as it always does. A `format` (structured output) is not honoured here, so it is refused."""
+    for key, value in (config or {}).items():
+        if key == "effort" and value in EFFORTS:
+            continue
+        at = f"output_config.{key}"
+        if key == "effort":
+            raise ApiError("invalid_request", f"{at}: must be one of {', '.join(EFFORTS)}", at)
+        raise ApiError("invalid_request", f"{at}: field is not supported by this server", at)
+
+
 def options_of(body: MessagesRequest) -> Options:
+    _check_output_config(body.output_config)
     options = Options(LIMITS)
     options.set("max_tokens", body.max_tokens)
     if body.thinking and body.thinking.get("type") == "enabled":
