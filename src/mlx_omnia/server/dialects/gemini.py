@@ -14,7 +14,7 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, cast
 
 from fastapi import APIRouter, Path, Query, Request
@@ -373,28 +373,52 @@ def _tool_config(value: object, tools: tuple[dict[str, Any], ...]) -> tuple[Tool
     raise _bad(f"{at}.mode must be AUTO, ANY, NONE or VALIDATED", f"{at}.mode")
 
 
-def _thinking(value: object, where: str) -> None:
-    """A thinkingConfig: accepted; a model without a thinking template answers as it always
-    does (its budget and whether thoughts are shown cannot change that)."""
+@dataclass(frozen=True)
+class Thinking:
+    """A thinkingConfig in engine terms: the template's switch (None: its default), the effort
+    a level names, a budget of reasoning tokens, and whether thoughts come back as parts."""
+
+    thinking: bool | None = None
+    effort: str | None = None
+    budget: int | None = None
+    include: bool = False
+
+
+def _thinking(value: object, where: str) -> Thinking:
+    """thinkingBudget 0 turns thinking off, -1 leaves it unbounded, N > 0 bounds it to N tokens;
+    a thinkingLevel turns it on (and reaches templates that read an effort)."""
     cfg = _obj(value, where)
+    out = Thinking()
     for key, v in cfg.items():
         if key == "thinkingBudget":
-            _int(v, f"{where}.thinkingBudget")
+            budget = _int(v, f"{where}.thinkingBudget")
+            if budget < -1:
+                raise _bad(f"{where}.thinkingBudget must be -1, 0 or more", f"{where}.thinkingBudget")
+            out = replace(out, thinking=budget != 0, budget=budget if budget > 0 else None)
         elif key == "includeThoughts":
             if not isinstance(v, bool):
                 raise _bad(f"{where}.includeThoughts must be a boolean", f"{where}.includeThoughts")
+            out = replace(out, include=v)
         elif key == "thinkingLevel":
-            _str(v, f"{where}.thinkingLevel")
+            level = _str(v, f"{where}.thinkingLevel").lower()
+            if level not in ("minimal", "low", "medium", "high", "thinking_level_unspecified"):
+                raise _bad(f"{where}.thinkingLevel must be MINIMAL, LOW, MEDIUM or HIGH",
+                           f"{where}.thinkingLevel")
+            if level != "thinking_level_unspecified":
+                out = replace(out, thinking=True if out.thinking is None else out.thinking,
+                              effort=level)
         else:
             raise _unknown(key, where)
+    return out
 
 
-def options_of(value: object) -> tuple[Options, int]:
-    """The generation options of a generationConfig, and its candidateCount."""
+def options_of(value: object) -> tuple[Options, int, Thinking]:
+    """The generation options of a generationConfig, its candidateCount and thinkingConfig."""
     where = "generationConfig"
     cfg = _obj(value, where)
     options = Options(LIMITS)
     count = 1
+    thinking = Thinking()
     want_logprobs, top = False, None
     for key, v in cfg.items():
         at = f"{where}.{key}"
@@ -425,7 +449,8 @@ def options_of(value: object) -> tuple[Options, int]:
             if v is not False:
                 raise _bad(f"{at} is not supported by this server", at)
         elif key == "thinkingConfig":
-            _thinking(v, at)
+            thinking = _thinking(v, at)
+            options.set("reasoning_budget", thinking.budget, f"{at}.thinkingBudget")
         elif key not in HARMLESS_CONFIG:
             # responseSchema, responseJsonSchema, speechConfig, imageConfig, ...
             raise _unknown(key, where)
@@ -434,7 +459,7 @@ def options_of(value: object) -> tuple[Options, int]:
         raise _bad(f"{at} is only valid when responseLogprobs is true", at)
     if want_logprobs:
         options.set("logprobs", top or 0, f"{where}.logprobs")
-    return options, count
+    return options, count, thinking
 
 
 @dataclass(frozen=True)
@@ -442,6 +467,7 @@ class Parsed:
     chat: Chat
     options: Options
     candidates: int = 1
+    thoughts: bool = False  # reasoning comes back as thought parts
 
 
 def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
@@ -452,14 +478,14 @@ def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
         if key not in HARMLESS:
             raise _unknown(key, where)
     try:
-        chat = chat_of(body)
-        options, candidates = options_of(body.get("generationConfig", {}))
+        options, candidates, thinking = options_of(body.get("generationConfig", {}))
+        chat = replace(chat_of(body), thinking=thinking.thinking, reasoning_effort=thinking.effort)
         options.checked()
     except ApiError as e:
         if where and e.param:
             e.message, e.param = f"in {where}: {e.message}", f"{where}.{e.param}"
         raise
-    return Parsed(chat, options, candidates)
+    return Parsed(chat, options, candidates, thinking.include)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -538,18 +564,22 @@ async def list_models(
 # -- generation --------------------------------------------------------------------------------
 
 
-def _usage_of(usages: Sequence[Usage]) -> dict[str, Any]:
-    """The usage of the candidates to one prompt (its tokens counted once)."""
-    return _usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages))
+def _usage_of(usages: Sequence[Usage], thoughts: int = 0) -> dict[str, Any]:
+    """The usage of the candidates to one prompt (its tokens counted once); `thoughts`: the
+    generated tokens that were reasoning (Gemini counts them apart from the candidates')."""
+    return _usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), thoughts)
 
 
-def _usage(prompt: int, candidates: int) -> dict[str, Any]:
-    return {
+def _usage(prompt: int, candidates: int, thoughts: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "promptTokenCount": prompt,
-        "candidatesTokenCount": candidates,
+        "candidatesTokenCount": candidates - thoughts,
         "totalTokenCount": prompt + candidates,
         "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
     }
+    if thoughts:
+        out["thoughtsTokenCount"] = thoughts
+    return out
 
 
 def _logprob(token_id: int, token_bytes: bytes, logprob: float) -> dict[str, Any]:
@@ -570,9 +600,10 @@ def logprobs_result(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
 
 def _candidate(
     index: int, text: str, finish: str | None, logprobs: Sequence[TokenLogprob] | None = None,
-    calls: Sequence[ToolCall] = (),
+    calls: Sequence[ToolCall] = (), thought: str = "",
 ) -> dict[str, Any]:
-    parts: list[dict[str, Any]] = [{"text": text}] if text or not calls else []
+    parts: list[dict[str, Any]] = [{"text": thought, "thought": True}] if thought else []
+    parts += [{"text": text}] if text or not (calls or thought) else []
     parts += [{"functionCall": {"name": c.name, "args": _args(c.arguments)}} for c in calls]
     candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": index}
     if finish is not None:
@@ -763,10 +794,11 @@ async def generate_content(
     wants = generation.options.logprobs is not None
     answers = await run_all(request, generation, parsed.candidates)
     candidates = [
-        _candidate(i, a.text, a.last.finish_reason, a.logprobs if wants else None, a.tool_calls)
+        _candidate(i, a.text, a.last.finish_reason, a.logprobs if wants else None, a.tool_calls,
+                   a.reasoning if parsed.thoughts else "")
         for i, a in enumerate(answers)
     ]
-    usage = _usage_of([a.usage for a in answers])
+    usage = _usage_of([a.usage for a in answers], sum(a.reasoning_tokens for a in answers))
     return JSONResponse(_response(candidates, usage, model_id, uuid.uuid4().hex))
 
 
@@ -788,7 +820,7 @@ async def stream_generate_content(
     framing: Literal["sse", "json"] = "sse" if alt == "sse" else "json"
     wants = generation.options.logprobs is not None
     return StreamingResponse(
-        _events(streams, model_id, uuid.uuid4().hex, framing, wants),
+        _events(streams, model_id, uuid.uuid4().hex, framing, wants, parsed.thoughts),
         media_type="text/event-stream" if framing == "sse" else "application/json",
     )
 
@@ -832,12 +864,13 @@ async def unknown_method(rest: str) -> None:
 
 async def _events(
     streams: Sequence[Stream], model_id: str, rid: str, framing: Literal["sse", "json"],
-    logprobs: bool = False,
+    logprobs: bool = False, thoughts: bool = False,
 ) -> AsyncIterator[str]:
-    """Each candidate's pieces as they come, one candidate a chunk; the usage of all on the
-    chunk that finishes the last one."""
+    """Each candidate's pieces as they come, one candidate a chunk (reasoning as thought parts
+    when asked for); the usage of all on the chunk that finishes the last one."""
     count = 0
     usages: list[Usage] = []
+    reasoning = 0
 
     def frame(data: dict[str, Any]) -> str:
         nonlocal count
@@ -853,15 +886,18 @@ async def _events(
         async for i, piece in pieces:
             probs = piece.logprobs if logprobs else None
             calls[i] += piece.tool_calls
+            thought = piece.channel == "reasoning"
+            reasoning += len(piece.token_ids) if thought else 0
+            text, shown = ("", piece.text if thoughts else "") if thought else (piece.text, "")
             if piece.finish_reason is not None:
                 if piece.usage is not None:
                     usages.append(piece.usage)
-                usage = _usage_of(usages) if len(usages) == len(streams) else None
+                usage = _usage_of(usages, reasoning) if len(usages) == len(streams) else None
                 whole = ToolCall.joined(calls[i])
-                candidate = _candidate(i, piece.text, piece.finish_reason, probs, whole)
+                candidate = _candidate(i, text, piece.finish_reason, probs, whole, shown)
                 yield frame(_response([candidate], usage, model_id, rid))
-            elif piece.text:
-                candidate = _candidate(i, piece.text, None, probs)
+            elif text or shown:
+                candidate = _candidate(i, text, None, probs, thought=shown)
                 yield frame(_response([candidate], None, model_id, rid))
     except Exception as e:  # never leave a client hanging on a broken stream
         yield frame(error_body("gemini", streams[0].error(e)))

@@ -23,6 +23,7 @@ from mlx_omnia.server.dialects.openai.shared import (
     parts_of,
     refuse_part,
     role_of,
+    thinking_of,
 )
 from mlx_omnia.server.dialects.tools import CallIds, declared, function_tool, unique
 from mlx_omnia.server.errors import ApiError
@@ -157,9 +158,12 @@ def input_messages(items: str | list[Any], where: str = "input") -> list[ChatMes
         kind = item.get("type", "message")
         if kind == "message":
             role = role_of(RESPONSE_ROLES, item, at)
-            messages.append(
-                {"role": role, "content": _item_text(item.get("content"), role, f"{at}.content")}
-            )
+            text = _item_text(item.get("content"), role, f"{at}.content")
+            last = messages[-1] if messages else None
+            if role == "assistant" and last is not None and _thought_only(last):
+                last["content"] = text  # the answer after its reasoning: one turn
+            else:
+                messages.append({"role": role, "content": text})
         elif kind == "function_call":
             name, args, call_id = item.get("name"), item.get("arguments"), item.get("call_id")
             if not (isinstance(name, str) and isinstance(args, str) and isinstance(call_id, str)):
@@ -171,7 +175,7 @@ def input_messages(items: str | list[Any], where: str = "input") -> list[ChatMes
                     "function": {"name": name, "arguments": args}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
+                last.setdefault("tool_calls", []).append(call)  # after its text or reasoning
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -182,8 +186,12 @@ def input_messages(items: str | list[Any], where: str = "input") -> list[ChatMes
                 "role": "tool", "tool_call_id": call_id,
                 "content": _output_text(item.get("output"), f"{at}.output"),
             })
-        elif kind == "reasoning":
-            continue
+        elif kind == "reasoning":  # an earlier answer's reasoning: its assistant turn's
+            parts = [as_dict(p) or {} for p in cast(list[object], item.get("content") or [])]
+            texts = [str(p.get("text", "")) for p in parts if p.get("type") == "reasoning_text"]
+            if texts:
+                messages.append({"role": "assistant", "content": "",
+                                 "reasoning_content": "\n".join(texts)})
         else:
             raise ApiError(
                 "invalid_request",
@@ -192,6 +200,11 @@ def input_messages(items: str | list[Any], where: str = "input") -> list[ChatMes
                 f"{at}.type",
             )
     return messages
+
+
+def _thought_only(message: ChatMessage) -> bool:
+    return (message["role"] == "assistant" and bool(message.get("reasoning_content"))
+            and not message["content"] and not message.get("tool_calls"))
 
 
 def _tools(body: ResponsesRequest) -> Tools:
@@ -256,7 +269,12 @@ def _responses_chat(body: ResponsesRequest, earlier: Sequence[ChatMessage] = ())
         messages.append({"role": "system", "content": body.instructions})
     messages += [*earlier, *input_messages(body.input)]
     tools = _tools(body)
-    return Chat(tuple(messages), tools.tools, tools.choice, tools.allowed, tools.parallel)
+    effort = (body.reasoning or {}).get("effort")
+    return Chat(
+        tuple(messages), tools.tools, tools.choice, tools.allowed, tools.parallel,
+        thinking=thinking_of(effort, "reasoning.effort"),
+        reasoning_effort=effort if isinstance(effort, str) else None,
+    )
 
 
 def _responses_options(body: ResponsesRequest) -> Options:
@@ -328,6 +346,8 @@ class _ResponseShape:
         self.chat = chat
         self.id = new_id("resp_")
         self.item_id = new_id("msg_")
+        self.reasoning_id = new_id("rs_")
+        self.reasoning_tokens = 0
         self.call_ids = CallIds("call_")
         self.item_ids = CallIds("fc_")
         self.created = now()
@@ -355,9 +375,17 @@ class _ResponseShape:
             "arguments": arguments,
         }
 
+    def reasoning(self, text: str, status: str) -> dict[str, Any]:
+        return {
+            "id": self.reasoning_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+        }
+
     def output(self, answer: Answer) -> list[dict[str, Any]]:
         status = "incomplete" if answer.last.finish_reason == "length" else "completed"
         items: list[dict[str, Any]] = []
+        if answer.reasoning:
+            items.append(self.reasoning(answer.reasoning, "completed"))
         if answer.text or not answer.tool_calls:
             items.append(self.item(status, [self.part(answer.text, answer.logprobs)]))
         items += [self.call(i, c.name, c.arguments, "completed")
@@ -377,7 +405,7 @@ class _ResponseShape:
                 "input_tokens": u.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens": u.completion_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                 "total_tokens": u.prompt_tokens + u.completion_tokens,
             }
             if piece.finish_reason == "length":
@@ -457,6 +485,7 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
     if not body.stream:
         answer = await generation.run(request)
         status = "incomplete" if answer.last.finish_reason == "length" else "completed"
+        shape.reasoning_tokens = answer.reasoning_tokens
         out = shape.response(status, shape.output(answer), answer.last)
         shape.keep(state, out)
         return JSONResponse(out)
@@ -477,6 +506,22 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
         texts: list[str] = []
         logprobs: list[TokenLogprob] = []
         message: int | None = None  # the output index of the open message
+        thought: int | None = None  # the output index of the open reasoning item
+        thoughts: list[str] = []
+
+        def close_thought() -> list[str]:
+            nonlocal thought
+            if thought is None:
+                return []
+            text = "".join(thoughts)
+            item = shape.reasoning(text, "completed")
+            output.append(item)
+            at, thought = thought, None
+            return [
+                event("response.reasoning_text.done", item_id=shape.reasoning_id,
+                      output_index=at, content_index=0, text=text),
+                event("response.output_item.done", output_index=at, item=item),
+            ]
         call: tuple[int, int, str, list[str]] | None = None  # output index, call index, name, args
 
         def close_message(status: str) -> list[str]:
@@ -512,9 +557,19 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
 
         try:
             async for piece in stream:
-                if piece.text or piece.logprobs:
+                if piece.channel == "reasoning":
+                    shape.reasoning_tokens += len(piece.token_ids)
+                    if thought is None:
+                        thought = len(output)
+                        yield event("response.output_item.added", output_index=thought,
+                                    item=shape.reasoning("", "in_progress"))
+                    if piece.text:
+                        thoughts.append(piece.text)
+                        yield event("response.reasoning_text.delta", item_id=shape.reasoning_id,
+                                    output_index=thought, content_index=0, delta=piece.text)
+                elif piece.text or piece.logprobs:
                     if message is None:
-                        for e in close_call():
+                        for e in [*close_thought(), *close_call()]:
                             yield e
                         message = len(output)
                         yield event("response.output_item.added", output_index=message,
@@ -530,7 +585,7 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
                     )
                 for d in piece.tool_calls:
                     if d.name is not None:
-                        for e in [*close_message("completed"), *close_call()]:
+                        for e in [*close_thought(), *close_message("completed"), *close_call()]:
                             yield e
                         call = (len(output), d.index, d.name, [])
                         yield event("response.output_item.added", output_index=call[0],
@@ -543,12 +598,14 @@ async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | 
                 if piece.finish_reason is None:
                     continue
                 status = "incomplete" if piece.finish_reason == "length" else "completed"
-                if not output and message is None and call is None:  # an empty answer
-                    message = 0
-                    yield event("response.output_item.added", output_index=0,
+                for e in close_thought():
+                    yield e
+                if len(output) == (1 if thoughts else 0) and message is None and call is None:
+                    message = len(output)  # an empty answer: an empty message
+                    yield event("response.output_item.added", output_index=message,
                                 item=shape.item("in_progress", []))
                     yield event("response.content_part.added", item_id=shape.item_id,
-                                output_index=0, content_index=0, part=shape.part(""))
+                                output_index=message, content_index=0, part=shape.part(""))
                 for e in [*close_message(status), *close_call()]:
                     yield e
                 done = shape.response(status, output, piece)
