@@ -466,8 +466,6 @@ def test_claude_code_hints_are_accepted(client: anthropic.Anthropic, smollm2: An
     )
     assert msg.content[0].type == "text"
     assert msg.content[0].text == greedy(smollm2, [user(FRANCE)], 8).text
-    fmt = {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}
-    assert "output_config.format" in _bad(client, extra_body=fmt).message
     assert "output_config.effort" in _bad(client, extra_body={"output_config": {"effort": "huge"}}).message
     unknown = {"context_management": {"edits": [{"type": "clear_everything"}]}}
     assert "context_management.edits.0.type" in _bad(client, extra_body=unknown).message

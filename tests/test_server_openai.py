@@ -425,7 +425,7 @@ def test_unknown_model_is_not_found(client: openai.OpenAI) -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
     ],
 )
 def test_chat_bad_requests_name_the_field(

@@ -22,7 +22,7 @@ from mlx_omnia.server.dialects.common import (
 )
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.errors import error_body
-from mlx_omnia.server.dialects.generation import Options, documented
+from mlx_omnia.server.dialects.generation import Options, documented, json_schema
 from mlx_omnia.server.dialects.tools import declared, function_tool, unique
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
@@ -69,13 +69,30 @@ ROLES: dict[str, Literal["user", "assistant", "system"]] = {
     "user": "user", "assistant": "assistant", "system": "system"
 }
 ToolChoice = Literal["auto", "none", "required"]
-EFFORTS = ("low", "medium", "high", "xhigh", "max")
 # Keys of a custom tool (cache_control: a caching hint; defer_loading: tool search's hint, the
 # tool is declared to the model all the same; strict: arguments follow the schema, which a
 # forced call's grammar does).
 TOOL_KEYS = frozenset(
     {"type", "name", "description", "input_schema", "cache_control", "defer_loading", "strict"}
 )
+# output_config.effort: how much effort the model spends, a hint to Claude's thinking. A model
+# without a thinking template answers the same at every level (Claude Code always sends one).
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+# An output format: JSON valid under `schema` (output_config.format, or the structured outputs
+# beta's top-level output_format).
+_FORMAT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"type": {"const": "json_schema"}, "schema": {"type": "object"}},
+    "required": ["type", "schema"],
+    "additionalProperties": False,
+}
+_OUTPUT_CONFIG: dict[str, Any] = {
+    "properties": {
+        "effort": {"enum": [*EFFORTS, None]},
+        "format": {"anyOf": [_FORMAT, {"type": "null"}]},
+    },
+    "additionalProperties": False,
+}
 
 
 class _Strict(Body):
@@ -114,6 +131,10 @@ class CountTokensRequest(_Strict):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     context_management: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = Field(None, json_schema_extra=_OUTPUT_CONFIG)
+    output_format: dict[str, Any] | None = Field(
+        None, json_schema_extra={"anyOf": [_FORMAT, {"type": "null"}]}
+    )
 
 
 class MessagesRequest(CountTokensRequest):
@@ -124,7 +145,6 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(None, json_schema_extra=documented("top_k", LIMITS))
     stream: bool = False
     metadata: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None
 
 
 # -- request -> engine ---------------------------------------------------------------------------
@@ -479,20 +499,48 @@ async def _managed(
     return chat, applied
 
 
-def _check_output_config(config: dict[str, Any] | None) -> None:
-    """`effort` asks how much to think and write, a hint like adaptive thinking: a model answers
-    as it always does. A `format` (structured output) is not honoured here, so it is refused."""
-    for key, value in (config or {}).items():
-        if key == "effort" and value in EFFORTS:
-            continue
-        at = f"output_config.{key}"
-        if key == "effort":
-            raise ApiError("invalid_request", f"{at}: must be one of {', '.join(EFFORTS)}", at)
-        raise ApiError("invalid_request", f"{at}: field is not supported by this server", at)
+def output_of(body: CountTokensRequest, options: Options) -> Options:
+    """`options` constrained by output_config.format (or the structured outputs beta's
+    output_format), effort accepted; refused by name where they are not valid."""
+    config = body.output_config or {}
+    for key in config:
+        if key not in ("effort", "format"):
+            raise ApiError(
+                "invalid_request", f"output_config.{key}: field is not supported by this server",
+                f"output_config.{key}",
+            )
+    if config.get("effort") not in (None, *EFFORTS):
+        raise ApiError(
+            "invalid_request", f"output_config.effort: must be one of {', '.join(EFFORTS)}",
+            "output_config.effort",
+        )
+    fmt, where = config.get("format"), "output_config.format"
+    if body.output_format is not None:
+        if fmt is not None:
+            raise ApiError(
+                "invalid_request",
+                "output_format: send output_config.format or output_format, not both",
+                "output_format",
+            )
+        fmt, where = body.output_format, "output_format"
+    if fmt is None:
+        return options
+    entry = cast(dict[str, Any], fmt) if isinstance(fmt, dict) else {}
+    if entry.get("type") != "json_schema":
+        raise ApiError("invalid_request", f"{where}.type: must be 'json_schema'", f"{where}.type")
+    for key in entry:
+        if key not in ("type", "schema"):
+            raise ApiError(
+                "invalid_request", f"{where}.{key}: field is not supported by this server",
+                f"{where}.{key}",
+            )
+    if "schema" not in entry:
+        raise ApiError("invalid_request", f"{where}.schema: Field required", f"{where}.schema")
+    options.set("constraint", json_schema(entry["schema"], f"{where}.schema"), f"{where}.schema")
+    return options
 
 
 def options_of(body: MessagesRequest) -> Options:
-    _check_output_config(body.output_config)
     options = Options(LIMITS)
     options.set("max_tokens", body.max_tokens)
     if body.thinking and body.thinking.get("type") == "enabled":
@@ -501,7 +549,7 @@ def options_of(body: MessagesRequest) -> Options:
     options.set("top_p", body.top_p)
     options.set("top_k", body.top_k)
     options.set("stop", body.stop_sequences, "stop_sequences")
-    return options
+    return output_of(body, options)
 
 
 # -- engine -> response --------------------------------------------------------------------------
@@ -719,6 +767,7 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     refuse_unknown(body, HARMLESS)
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
+    output_of(body, Options(LIMITS)).checked()  # checked as a message's would be; not counted
     chat, _ = await _managed(state, model_id, chat_of(body), body.context_management)
     return {"input_tokens": await _count(state, model_id, chat)}
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from mlx_omnia import (
     ChatTemplateError,
     CheckpointError,
+    ConstraintError,
     ContextLengthError,
     DownloadError,
     InvalidOptionsError,
@@ -87,6 +88,9 @@ def from_engine(
     if isinstance(error, InvalidOptionsError) and error.option is not None:
         name = (names or {}).get(error.option, error.option)
         return ApiError("invalid_request", f"{name} {error.reason}", name)
+    if isinstance(error, ConstraintError):  # the request's grammar, against this vocabulary
+        name = (names or {}).get("constraint")
+        return ApiError("invalid_request", f"{name}: {error}" if name else str(error), name)
     if isinstance(error, InvalidOptionsError | ChatTemplateError | TokenizerError):
         return ApiError("invalid_request", str(error))
     if isinstance(error, CheckpointError | UnsupportedModelError):

@@ -25,6 +25,7 @@ from mlx_omnia import (
     Bounds,
     Chat,
     ChatMessage,
+    Constraint,
     Model,
     TextPart,
     TokenLogprob,
@@ -39,6 +40,7 @@ from mlx_omnia.server.dialects.generation import (
     Options,
     Stream,
     documented,
+    json_schema,
     merged,
     run_all,
     stream_all,
@@ -103,6 +105,11 @@ INTEGERS = {"topK": "top_k", "maxOutputTokens": "max_tokens", "seed": "seed"}
 # An integer written as a string (Google's JSON parser takes int64 so); ASCII digits only.
 INT_STRING = "-?[0-9]+"
 MAX_CANDIDATES = 8  # candidateCount, as Gemini's API allows
+# responseMimeType: text, JSON (any, or under a schema), one of an enum schema's values.
+MIME_TYPES = ("", "text/plain", "application/json", "text/x.enum")
+# JSON mode without a schema: an object or an array (a bare number or string is valid JSON,
+# but no one asks JSON mode for one, and a small model could stop after it).
+JSON_VALUE: dict[str, Any] = {"anyOf": [{"type": "object"}, {"type": "array"}]}
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
 
@@ -317,30 +324,56 @@ def _tools(value: object) -> tuple[dict[str, Any], ...]:
 
 
 def _json_schema(value: object, where: str) -> dict[str, Any]:
-    """A Gemini Schema (OpenAPI's subset: upper-case types, nullable) as JSON Schema."""
+    """A Gemini Schema (OpenAPI's subset: upper-case types, nullable, propertyOrdering) as JSON
+    Schema: properties in propertyOrdering's order (the order an answer writes them in), no
+    others."""
     schema = _obj(value, where)
     out: dict[str, Any] = {}
     for key, v in schema.items():
+        at = f"{where}.{key}"
         if key == "type":
-            out["type"] = _str(v, f"{where}.type").lower()
+            out["type"] = _str(v, at).lower()
         elif key in ("properties", "$defs", "defs"):
             out["$defs" if key != "properties" else key] = {
-                str(k): _json_schema(s, f"{where}.{key}.{k}") for k, s in _obj(v, f"{where}.{key}").items()
+                str(k): _json_schema(s, f"{at}.{k}") for k, s in _obj(v, at).items()
             }
-        elif key == "items":
-            out[key] = _json_schema(v, f"{where}.items")
+        elif key == "items" or (key == "additionalProperties" and isinstance(v, dict)):
+            out[key] = _json_schema(cast(object, v), at)
         elif key == "anyOf":
-            out[key] = [_json_schema(s, f"{where}.anyOf[{n}]") for n, s in enumerate(_list(v, where))]
+            out[key] = [_json_schema(s, f"{at}[{n}]") for n, s in enumerate(_list(v, at))]
         elif key in ("minItems", "maxItems", "minLength", "maxLength", "minProperties",
                      "maxProperties"):
-            out[key] = _int(v, f"{where}.{key}")
-        elif key in ("nullable", "propertyOrdering", "title", "example"):
+            out[key] = _int(v, at)
+        elif key == "ref":
+            out["$ref"] = v
+        elif key in ("nullable", "propertyOrdering", "title", "example") or (
+            key == "format" and v == "enum"  # Gemini's mark of a string enum: `enum` says it
+        ):
             continue
         else:
             out[key] = v
-    if schema.get("nullable") is True and isinstance(out.get("type"), str):
-        out["type"] = [out["type"], "null"]
+    if schema.get("nullable") is True:
+        if isinstance(out.get("type"), str):
+            out["type"] = [out["type"], "null"]
+        if isinstance(out.get("enum"), list):
+            out["enum"] = [*cast(list[object], out["enum"]), None]
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False  # a Gemini object holds the properties it declares
+    if "propertyOrdering" in schema and isinstance(out.get("properties"), dict):
+        out["properties"] = _ordered(
+            cast(dict[str, Any], out["properties"]), schema["propertyOrdering"], where
+        )
     return out
+
+
+def _ordered(properties: dict[str, Any], order: object, where: str) -> dict[str, Any]:
+    """`properties` in the order propertyOrdering names them (any it leaves out after)."""
+    at = f"{where}.propertyOrdering"
+    names = [_str(n, f"{at}[{i}]") for i, n in enumerate(_list(order, at))]
+    for i, name in enumerate(names):
+        if name not in properties:
+            raise _bad(f"{at}[{i}] names {name!r}, which is not in properties", f"{at}[{i}]")
+    return {**{n: properties[n] for n in names}, **properties}
 
 
 def _tool_config(value: object, tools: tuple[dict[str, Any], ...]) -> tuple[ToolChoice, tuple[str, ...]]:
@@ -433,8 +466,8 @@ def options_of(value: object) -> tuple[Options, int, Thinking]:
             if not 1 <= count <= MAX_CANDIDATES:
                 raise _bad(f"{at} must be between 1 and {MAX_CANDIDATES}", at)
         elif key == "responseMimeType":
-            if _str(v, at) not in ("", "text/plain"):
-                raise _bad(f"{at}: only 'text/plain' is supported", at)
+            if _str(v, at) not in MIME_TYPES:
+                raise _bad(f"{at}: must be one of {', '.join(t for t in MIME_TYPES if t)}", at)
         elif key == "responseModalities":
             modes = [_str(m, f"{at}[{i}]").upper() for i, m in enumerate(_list(v, at))]
             if any(m != "TEXT" for m in modes):
@@ -451,15 +484,69 @@ def options_of(value: object) -> tuple[Options, int, Thinking]:
         elif key == "thinkingConfig":
             thinking = _thinking(v, at)
             options.set("reasoning_budget", thinking.budget, f"{at}.thinkingBudget")
-        elif key not in HARMLESS_CONFIG:
-            # responseSchema, responseJsonSchema, speechConfig, imageConfig, ...
+        elif key not in HARMLESS_CONFIG and key not in ("responseSchema", "responseJsonSchema"):
+            # speechConfig, imageConfig, ...
             raise _unknown(key, where)
     if top is not None and not want_logprobs:
         at = f"{where}.logprobs"
         raise _bad(f"{at} is only valid when responseLogprobs is true", at)
     if want_logprobs:
         options.set("logprobs", top or 0, f"{where}.logprobs")
+    _response_format(cfg, options)
     return options, count, thinking
+
+
+def _response_format(cfg: dict[str, Any], options: Options) -> None:
+    """responseMimeType with responseSchema (Gemini's Schema) or responseJsonSchema (JSON
+    Schema, as sent) as a constraint: application/json without a schema is any JSON object or
+    array (what JSON mode is asked for), with one JSON valid under it; text/x.enum is one of a
+    string enum schema's values, as plain text. A schema needs one of these types, as Gemini
+    says."""
+    where = "generationConfig"
+    mime = cfg.get("responseMimeType", "")
+    keys = [k for k in ("responseSchema", "responseJsonSchema") if k in cfg]
+    if len(keys) > 1:
+        raise _bad(f"{where}: send responseSchema or responseJsonSchema, not both", f"{where}.{keys[1]}")
+    at = f"{where}.{keys[0]}" if keys else f"{where}.responseMimeType"
+    schema: object = None
+    if keys == ["responseSchema"]:
+        schema = _json_schema(cfg["responseSchema"], at)
+    elif keys:
+        schema = cfg["responseJsonSchema"]
+    if mime in ("", "text/plain"):
+        if schema is not None:
+            raise _bad(f"{at} needs responseMimeType 'application/json' or 'text/x.enum'", at)
+        return
+    if mime == "application/json":
+        options.set("constraint", json_schema(JSON_VALUE if schema is None else schema, at), at)
+        return
+    pattern = "|".join(_regex_literal(value) for value in _enum(schema, at))
+    options.set("constraint", Constraint.regex(pattern), at)
+
+
+def _enum(schema: object, where: str) -> list[str]:
+    """The values of a string enum schema (what text/x.enum answers with one of)."""
+    values = cast(dict[str, object], schema).get("enum") if isinstance(schema, dict) else None
+    if isinstance(values, list):
+        items = cast(list[object], values)
+        strings = [v for v in items if isinstance(v, str)]
+        if strings and len(strings) == len(items):
+            return strings
+    raise _bad(f"{where}: responseMimeType 'text/x.enum' needs a schema with a string enum", where)
+
+
+def _regex_literal(text: str) -> str:
+    """`text` matched literally in a Rust regex: ASCII punctuation escaped (which that syntax
+    allows, but for '<' and '>', which it reads as word boundaries), control characters as hex."""
+    out: list[str] = []
+    for c in text:
+        if c.isalnum() or c in " _<>" or not c.isascii():
+            out.append(c)
+        elif c.isprintable():
+            out.append("\\" + c)
+        else:
+            out.append(f"\\x{{{ord(c):x}}}")
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -709,7 +796,9 @@ _GENERATION_CONFIG: dict[str, Any] = {
             {"type": "array", "items": {"type": "string"}, **documented("stop", LIMITS)}
         ),
         "candidateCount": _integer(minimum=1, maximum=MAX_CANDIDATES),
-        "responseMimeType": _nullable({"enum": ["", "text/plain"]}),
+        "responseMimeType": _nullable({"enum": list(MIME_TYPES)}),
+        "responseSchema": _nullable({"type": "object"}),
+        "responseJsonSchema": _nullable({"type": "object"}),
         "responseModalities": _nullable(
             {"type": "array", "items": {"type": "string", "pattern": "^[Tt][Ee][Xx][Tt]$"}}
         ),

@@ -16,6 +16,7 @@ from fastapi import Request
 from mlx_omnia import (
     Bounds,
     Chat,
+    Constraint,
     GenerationOptions,
     InvalidOptionsError,
     OmniaError,
@@ -52,6 +53,14 @@ def documented(
     if single and isinstance(items, dict):
         schema = {**schema, **cast(dict[str, Any], items)}
     return schema
+
+
+def json_schema(schema: object, where: str) -> Constraint:
+    """The constraint of a JSON schema a request sent in its field `where` (refused by that name
+    unless it is a JSON object; llguidance's verdict on it comes when the options are checked)."""
+    if not isinstance(schema, dict):
+        raise ApiError("invalid_request", f"{where} must be a JSON schema object", where)
+    return Constraint.json_schema(cast(dict[str, Any], schema))
 
 
 class Options:

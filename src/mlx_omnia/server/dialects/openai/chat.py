@@ -28,7 +28,9 @@ from mlx_omnia.server.dialects.openai.shared import (
     accepted,
     as_dict,
     events,
+    format_schema,
     logprob_entry,
+    output_format,
     parts_of,
     refuse_part,
     role_of,
@@ -74,7 +76,7 @@ class ChatCompletionRequest(Sampling):
     reasoning_effort: StrictStr | None = Field(None, json_schema_extra={"enum": [*EFFORTS, None]})
     # vLLM's and SGLang's: variables for the chat template (Qwen3's enable_thinking, say).
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = Field(None, json_schema_extra=format_schema(flat=False))
     modalities: list[StrictStr] | None = None
 
 
@@ -248,10 +250,6 @@ def tools_of(body: ChatCompletionRequest) -> Tools:
 def options_of(body: ChatCompletionRequest) -> Options:
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError("invalid_request", "top_logprobs needs logprobs set to true", "top_logprobs")
-    if body.response_format and body.response_format.get("type") not in (None, "text"):
-        raise ApiError(
-            "invalid_request", "only response_format type 'text' is supported", "response_format"
-        )
     if body.modalities is not None and body.modalities != ["text"]:
         raise ApiError("invalid_request", "only the text modality is supported", "modalities")
     options = sampling_options(body, LIMITS)
@@ -261,6 +259,8 @@ def options_of(body: ChatCompletionRequest) -> Options:
         options.set("max_tokens", body.max_tokens)
     if body.logprobs:
         options.set("logprobs", body.top_logprobs or 0, "top_logprobs")
+    if body.response_format is not None:
+        output_format(body.response_format, "response_format", options, flat=False)
     return options
 
 

@@ -19,7 +19,9 @@ from mlx_omnia.server.dialects.openai.shared import (
     LIMITS,
     accepted,
     as_dict,
+    format_schema,
     logprob_entry,
+    output_format,
     parts_of,
     refuse_part,
     role_of,
@@ -81,6 +83,17 @@ INPUT_ITEM: dict[str, Any] = {
 }
 
 
+# `text`: the output format, and verbosity at OpenAI's default, medium, which is what every
+# answer here is (low or high would ask the model for shorter or longer answers: refused).
+TEXT: dict[str, Any] = {
+    "properties": {
+        "format": format_schema(flat=True),
+        "verbosity": {"enum": ["medium", None]},
+    },
+    "additionalProperties": False,
+}
+
+
 class ResponsesRequest(Body):
     model: StrictStr | None = None
     input: StrictStr | list[Any] = Field(
@@ -108,7 +121,7 @@ class ResponsesRequest(Body):
         None, json_schema_extra={"items": {"enum": list(INCLUDABLE)}}
     )
     reasoning: dict[str, Any] | None = None
-    text: dict[str, Any] | None = None
+    text: dict[str, Any] | None = Field(None, json_schema_extra=TEXT)
     truncation: StrictStr | None = Field(None, json_schema_extra={"enum": ["disabled", None]})
     background: StrictBool | None = Field(None, json_schema_extra={"not": {"const": True}})
     top_logprobs: StrictInt | None = Field(None, json_schema_extra=documented("logprobs", LIMITS))
@@ -290,17 +303,6 @@ def _responses_options(body: ResponsesRequest) -> Options:
         if what not in INCLUDABLE:
             raise ApiError("invalid_request", f"include {what!r} is not valid", f"include[{i}]")
     _check_reasoning(body.reasoning)
-    if body.text:
-        fmt = body.text.get("format")
-        if fmt is not None and (as_dict(fmt) or {}).get("type") != "text":
-            raise ApiError(
-                "invalid_request", "only text.format type 'text' is supported", "text.format"
-            )
-        if body.text.get("verbosity") is not None:
-            raise ApiError("invalid_request", "text.verbosity is not supported", "text.verbosity")
-        for key in body.text:
-            if key not in ("format", "verbosity"):
-                raise ApiError("invalid_request", f"text.{key} is not supported", f"text.{key}")
     if body.truncation not in (None, "disabled"):
         raise ApiError("invalid_request", "only truncation 'disabled' is supported", "truncation")
     if body.background:
@@ -311,6 +313,19 @@ def _responses_options(body: ResponsesRequest) -> Options:
     options.set("max_tokens", body.max_output_tokens, "max_output_tokens")
     options.set("temperature", body.temperature)
     options.set("top_p", body.top_p)
+    text = body.text or {}
+    for key in text:
+        if key not in ("format", "verbosity"):
+            raise ApiError("invalid_request", f"text.{key} is not supported", f"text.{key}")
+    if text.get("verbosity") not in (None, "medium"):
+        raise ApiError(
+            "invalid_request",
+            "only text.verbosity 'medium' is supported (the model is not told to be shorter or "
+            "longer)",
+            "text.verbosity",
+        )
+    if text.get("format") is not None:
+        output_format(text["format"], "text.format", options, flat=True)
     return options
 
 
@@ -432,7 +447,9 @@ class _ResponseShape:
             "reasoning": {"effort": None, "summary": None},
             "store": b.store is not False,
             "temperature": b.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {
+                "format": (b.text or {}).get("format") or {"type": "text"}, "verbosity": "medium"
+            },
             "tool_choice": choice,
             "tools": [
                 {"type": "function", "name": t["function"]["name"],

@@ -4,6 +4,7 @@ content parts."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -12,11 +13,17 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from mlx_omnia import Bounds, Piece, TokenLogprob, Usage
+from mlx_omnia import Bounds, Constraint, Piece, TokenLogprob, Usage
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import now, refuse_unknown, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
-from mlx_omnia.server.dialects.generation import Options, Stream, documented, merged
+from mlx_omnia.server.dialects.generation import (
+    Options,
+    Stream,
+    documented,
+    json_schema,
+    merged,
+)
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import state_of
 
@@ -270,3 +277,92 @@ def refuse_part(part: dict[str, Any] | None, where: str, allowed: str) -> ApiErr
         f"{where}: content part {kind!r} is not supported by this model ({allowed} only)",
         where,
     )
+
+
+# A json_schema format's name, as OpenAI allows it.
+SCHEMA_NAME = "^[a-zA-Z0-9_-]{1,64}$"
+# The keys of a json_schema format (nested in chat's response_format.json_schema, flat beside
+# `type` in Responses' text.format). `strict` true or false, the schema is enforced all the
+# same: decoding is masked by the grammar, so strict mode is the only mode. `description` says
+# what the format is for; the schema, which is enforced, says what it is.
+SCHEMA_KEYS = ("name", "schema", "strict", "description")
+
+
+def format_schema(flat: bool) -> dict[str, Any]:
+    """The OpenAPI documentation of what `output_format` takes (or null): text, json_object or
+    json_schema, its keys nested under `json_schema` (chat) or `flat` beside `type` (Responses,
+    where the schema is required)."""
+
+    def kind(type: str, required: tuple[str, ...] = (), **more: Any) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"type": {"const": type}, **more},
+            "required": ["type", *required],
+            "additionalProperties": False,
+        }
+
+    keys: dict[str, Any] = {
+        "name": {"type": "string", "pattern": SCHEMA_NAME},
+        "schema": {"type": "object"} if flat else {"anyOf": [{"type": "object"}, {"type": "null"}]},
+        "strict": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+        "description": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    }
+    if flat:
+        json_kind = kind("json_schema", ("name", "schema"), **keys)
+    else:
+        nested = {
+            "type": "object", "properties": keys, "required": ["name"],
+            "additionalProperties": False,
+        }
+        json_kind = kind("json_schema", ("json_schema",), json_schema=nested)
+    return {"anyOf": [kind("text"), kind("json_object"), json_kind, {"type": "null"}]}
+
+
+def output_format(fmt: object, where: str, options: Options, *, flat: bool) -> None:
+    """Constrain `options` to an OpenAI output format (chat's response_format, Responses'
+    text.format): text, json_object (any JSON object) or json_schema (JSON valid under its
+    schema; its keys nested under `json_schema` or `flat` beside `type`); refused by name."""
+    entry = as_dict(fmt)
+    kind = entry.get("type") if entry is not None else None
+    if entry is None or kind not in ("text", "json_object", "json_schema"):
+        raise ApiError(
+            "invalid_request",
+            f"{where}.type must be 'text', 'json_object' or 'json_schema'",
+            f"{where}.type",
+        )
+    if kind != "json_schema":
+        _only(entry, ("type",), where)
+        if kind == "json_object":
+            options.set("constraint", Constraint.json_schema(), where)
+        return
+    at = where if flat else f"{where}.json_schema"
+    spec = entry if flat else as_dict(entry.get("json_schema"))
+    if not flat:
+        _only(entry, ("type", "json_schema"), where)
+    if spec is None:
+        raise ApiError("invalid_request", f"{at} must be an object", at)
+    _only(spec, ("type", *SCHEMA_KEYS) if flat else SCHEMA_KEYS, at)
+    name = spec.get("name")
+    if not isinstance(name, str) or not re.fullmatch(SCHEMA_NAME, name):
+        raise ApiError(
+            "invalid_request",
+            f"{at}.name must be 1-64 letters, digits, '_' or '-'",
+            f"{at}.name",
+        )
+    for key, kinds, noun in (("strict", bool, "a boolean"), ("description", str, "a string")):
+        if spec.get(key) is not None and not isinstance(spec[key], kinds):
+            raise ApiError("invalid_request", f"{at}.{key} must be {noun}", f"{at}.{key}")
+    schema = spec.get("schema")
+    if schema is None and flat:
+        raise ApiError("invalid_request", f"{at}.schema is required", f"{at}.schema")
+    if schema is None:  # chat's may be left out: then any JSON object, as json_object mode
+        schema = {"type": "object"}
+    options.set("constraint", json_schema(schema, f"{at}.schema"), f"{at}.schema")
+
+
+def _only(entry: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
+    for key in entry:
+        if key not in keys:
+            raise ApiError(
+                "invalid_request", f"{where}.{key} is not supported by this server", f"{where}.{key}"
+            )
