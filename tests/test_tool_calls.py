@@ -9,10 +9,12 @@ import pytest
 
 from mlx_omnia.engine.text.tools import (
     GENERIC,
+    HARMONY,
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
     Event,
+    Thought,
     ToolCall,
     ToolCallDelta,
     ToolFormat,
@@ -155,3 +157,13 @@ def test_grammar_names_declared_tools_only() -> None:
     schema = json.loads(grammar.split("%json ", 1)[1].split("\n", 1)[0])
     assert [s["properties"]["name"] for s in schema["anyOf"]] == [{"const": "a"}]
     assert "<[5]>" in MISTRAL.grammar(tools, special_id={"[TOOL_CALLS]": 5})
+
+
+def test_harmony_analysis_is_reasoning_apart_from_the_answer() -> None:
+    parser = HARMONY.parser()
+    events = parser.feed(
+        "<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant"
+        "<|channel|>final<|message|>Hello!"
+    ) + parser.finish()
+    assert events == [Thought("The user greets."), "Hello!"]
+    assert HARMONY.structured and not HERMES.structured  # read even without tools

@@ -27,6 +27,7 @@ from mlx_omnia.engine.text.tools import (
     HERMES,
     LLAMA3_JSON,
     Event,
+    Thought,
     ToolCall,
     ToolCallDelta,
     ToolFormat,
@@ -266,7 +267,8 @@ def test_edge_answers_in_the_new_formats(
 def test_harmony_keeps_the_analysis_as_reasoning() -> None:
     parser = HARMONY.parser()
     events = parser.feed("<|channel|>analysis<|message|>Think") + parser.feed("ing.<|end|>")
-    assert events == [] and parser.reasoning == "Thinking."
+    assert all(isinstance(e, Thought) for e in events) and parser.reasoning == "Thinking."
+    assert "".join(e.text for e in events if isinstance(e, Thought)) == "Thinking."
 
 
 # -- forced calls on a tiny random model with the real template --------------------------------

@@ -25,7 +25,13 @@ from mlx_omnia.engine.saving import save_model
 from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
 from mlx_omnia.engine.text.reasoning import ReasoningFormat, ReasoningSplitter
 from mlx_omnia.engine.text.tokenizer import Tokenizer
-from mlx_omnia.engine.text.tools import Event, ToolCallDelta, ToolCallParser, merge_calls
+from mlx_omnia.engine.text.tools import (
+    Event,
+    Thought,
+    ToolCallDelta,
+    ToolCallParser,
+    merge_calls,
+)
 from mlx_omnia.engine.types import (
     Chat,
     Completion,
@@ -221,11 +227,14 @@ class Model:
         continued = isinstance(input, str) or input.continue_final
         context = prompt[-CONTEXT:] if continued else []
         chat = input if isinstance(input, Chat) else None
-        calls = chat is not None and bool(chat.tools) and chat.tool_choice != "none"
+        fmt = self.tokenizer.tool_format
+        calls = chat is not None and (
+            (bool(chat.tools) and chat.tool_choice != "none") or fmt.structured
+        )
         # A constrained answer is what its grammar says from the first token: no reasoning.
         thinks = self._reasoning(chat) if options.constraint is None else None
         markers = [*((thinks.begin, thinks.end) if thinks else ()),
-                   *(self.tokenizer.tool_format.markers if calls else ())]
+                   *(fmt.markers if calls else ())]
         keep = frozenset(self.tokenizer.special_ids(markers).values())
         opened = thinks is not None and thinks.splitter(self._prompt_tail(prompt)).inside
         sample = self._budgeted(sampler, options, thinks, opened)
@@ -233,8 +242,8 @@ class Model:
         if thinks is not None:
             pieces = _reasoning(pieces, thinks.splitter(self._prompt_tail(prompt)))
         if calls and chat is not None:
-            fmt = self.tokenizer.tool_format
-            return _tool_calls(pieces, fmt.parser(chat.tools), chat.parallel_tool_calls, len(prompt))
+            tools = chat.tools if chat.tool_choice != "none" else ()
+            return _tool_calls(pieces, fmt.parser(tools), chat.parallel_tool_calls, len(prompt))
         return pieces
 
     def _reasoning(self, chat: Chat | None) -> ReasoningFormat | None:
@@ -447,9 +456,12 @@ def _tool_calls(
             finish = piece.finish_reason if final else None
             if finish == "stop" and parser.calls:
                 finish = "tool_calls"
+            thought = bool(run) and isinstance(run[0], Thought)
             yield Piece(
-                "".join(e for e in run if isinstance(e, str)),
+                "".join(e.text if isinstance(e, Thought) else e for e in run
+                        if isinstance(e, str | Thought)),
                 piece.token_ids if n == 0 else (),
+                channel="reasoning" if thought else "content",
                 finish_reason=finish,
                 usage=piece.usage if final else None,
                 stop_sequence=piece.stop_sequence if final else None,
@@ -461,10 +473,10 @@ def _tool_calls(
 
 
 def _runs(events: list[Event]) -> list[list[Event]]:
-    """Events in runs of one kind (text or calls), in order."""
+    """Events in runs of one kind (text, calls or reasoning), in order."""
     runs: list[list[Event]] = []
     for e in events:
-        if runs and isinstance(runs[-1][0], str) == isinstance(e, str):
+        if runs and type(runs[-1][0]) is type(e):
             runs[-1].append(e)
         else:
             runs.append([e])

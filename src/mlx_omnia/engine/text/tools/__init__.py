@@ -16,6 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from mlx_omnia.engine.text.tools.calls import (
     JSON_LAYOUT,
     Event,
+    Thought,
     ToolCall,
     ToolCallDelta,
     ToolCallParser,
@@ -45,6 +46,7 @@ __all__ = [
     "MISTRAL",
     "Event",
     "JsonFormat",
+    "Thought",
     "ToolCall",
     "ToolCallDelta",
     "ToolCallParser",

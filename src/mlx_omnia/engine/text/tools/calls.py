@@ -51,7 +51,14 @@ def merge_calls(deltas: Sequence[ToolCallDelta]) -> tuple[ToolCall, ...]:
     return tuple(ToolCall(names.get(i, ""), "".join(args[i])) for i in sorted(args))
 
 
-Event = str | ToolCallDelta  # answer text, or part of a call
+@dataclass(frozen=True)
+class Thought:
+    """Reasoning a format marks in its own markup (gpt-oss's analysis channel)."""
+
+    text: str
+
+
+Event = str | ToolCallDelta | Thought  # answer text, part of a call, or reasoning
 Messages = list[dict[str, Any]]
 
 
@@ -62,6 +69,9 @@ class ToolFormat(ABC):
 
     name: str
     markers: tuple[str, ...]
+    # Its markup structures every answer, calls or not (harmony's channels): the parser reads
+    # answers to chats without tools too.
+    structured: bool = False
 
     @abstractmethod
     def parser(self, tools: Sequence[Mapping[str, Any]] = ()) -> ToolCallParser:

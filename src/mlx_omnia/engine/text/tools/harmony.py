@@ -1,6 +1,7 @@
 """gpt-oss's harmony format: an answer is a run of messages, each a header (channel, maybe a
 recipient) then `<|message|>` and a body. A message to `functions.NAME` is a call whose body is
-the arguments' JSON; an analysis message is reasoning, kept aside; the others (final) are text.
+the arguments' JSON; an analysis message is reasoning (Thought events); the others (final) are
+text.
 The generation prompt ends with `<|start|>assistant`, so the answer opens inside the first
 header:
 
@@ -18,6 +19,7 @@ from typing import Any, cast
 from mlx_omnia.engine.text.tools.calls import (
     JSON_LAYOUT,
     Messages,
+    Thought,
     ToolCallParser,
     ToolFormat,
     parameters_of,
@@ -34,6 +36,7 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 class HarmonyFormat(ToolFormat):
     name = "harmony"
     markers = (START, CHANNEL, CONSTRAIN, MESSAGE, END, CALL, RETURN)
+    structured = True
 
     def parser(self, tools: Sequence[Mapping[str, Any]] = ()) -> HarmonyParser:
         return HarmonyParser()
@@ -95,8 +98,8 @@ HARMONY = HarmonyFormat()
 
 class HarmonyParser(ToolCallParser):
     """Reads harmony messages: bodies addressed to a function stream as calls, final (and
-    other) bodies go out as text, analysis bodies are reasoning, kept in `reasoning` rather
-    than emitted; headers and markers go nowhere."""
+    other) bodies go out as text, analysis bodies as reasoning (Thought, also gathered in
+    `reasoning`); headers and markers go nowhere."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -135,8 +138,9 @@ class HarmonyParser(ToolCallParser):
                     text, marker = self._take_until(markers, final)
                     if self._body == "call":
                         self._read_args(text)
-                    else:
+                    elif text:
                         self.reasoning += text
+                        self._events.append(Thought(text))
                 if marker is None:
                     return
                 if self._body == "call":
