@@ -19,6 +19,7 @@ if os.environ.get("OMNIA_TEST_PTX_CACHE") and os.environ.get("PYTEST_XDIST_WORKE
 # (engine/blas.py), as a user's `import mlx_omnia` does; a test module importing mlx.core
 # first would leave the whole session on MLX's reference BLAS.
 import mlx_omnia.engine  # noqa: F401  # pyright: ignore[reportUnusedImport]
+from tests.fixtures.scripted_qwen3 import write_scripted_qwen3
 from tests.fixtures.tiny import write_tiny_llama
 
 
@@ -26,6 +27,13 @@ from tests.fixtures.tiny import write_tiny_llama
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random llama checkpoint (HF layout) shared by the session; do not modify it."""
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def scripted_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The scripted qwen3 that thinks (tests/fixtures/scripted_qwen3.py), served under its
+    directory's name `scripted-qwen3`; do not modify it."""
+    return write_scripted_qwen3(tmp_path_factory.mktemp("models") / "scripted-qwen3")
 
 
 @pytest.fixture(scope="session")

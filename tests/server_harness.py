@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import uvicorn
@@ -19,6 +20,11 @@ import uvicorn
 from mlx_omnia.server.app import create_app
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.settings import Settings
+
+if TYPE_CHECKING:
+    import anthropic
+    import openai
+    from google import genai
 
 
 def free_port() -> int:
@@ -102,3 +108,25 @@ def server_process(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# The official SDKs pointed at a live server (imported on use: google-genai takes a second).
+def openai_client(server: LiveServer) -> openai.OpenAI:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/api/openai/v1", api_key="unused", max_retries=0)
+
+
+def anthropic_client(server: LiveServer) -> anthropic.Anthropic:
+    import anthropic
+
+    return anthropic.Anthropic(base_url=f"{server.url}/api/anthropic", api_key="unused",
+                               max_retries=0)
+
+
+def gemini_client(server: LiveServer) -> genai.Client:
+    from google import genai
+    from google.genai import types
+
+    options = types.HttpOptions(base_url=f"{server.url}/api/gemini", api_version="v1beta")
+    return genai.Client(api_key="unused", http_options=options)

@@ -76,7 +76,9 @@ class JsonFormat(ToolFormat):
             return f"start: {begin} %json {json.dumps(array)}\n"
         one = f"{begin} call {mark(self.end)}" if self.end else f"{begin} call"
         many = 'one (WS one)*' if parallel else "one"
-        return f"start: {many}\none: {one}\ncall: {call}\nWS: /[ \\n]+/\n"
+        # A bounded gap: between calls a model may only go on to the next call or end, never
+        # idle on blank lines until max_tokens.
+        return f"start: {many}\none: {one}\ncall: {call}\nWS: /[ \\n]{{1,2}}/\n"
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
