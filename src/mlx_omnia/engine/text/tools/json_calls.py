@@ -74,11 +74,13 @@ class JsonFormat(ToolFormat):
             if not parallel:
                 array["maxItems"] = 1
             return f"start: {begin} %json {json.dumps(array)}\n"
-        one = f"{begin} call {mark(self.end)}" if self.end else f"{begin} call"
+        # A line break may follow the opening marker and precede the closing one (Qwen3's
+        # template writes `<tool_call>\n{...}\n</tool_call>`, what its models are used to).
+        one = f"{begin} NL? call NL? {mark(self.end)}" if self.end else f"{begin} call"
         many = 'one (WS one)*' if parallel else "one"
         # A bounded gap: between calls a model may only go on to the next call or end, never
         # idle on blank lines until max_tokens.
-        return f"start: {many}\none: {one}\ncall: {call}\nWS: /[ \\n]{{1,2}}/\n"
+        return f"start: {many}\none: {one}\ncall: {call}\nWS: /[ \\n]{{1,2}}/\nNL: \"\\n\"\n"
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
