@@ -287,3 +287,43 @@ def test_soak_drives_a_live_server_and_checks_what_it_saw(tmp_path: Path) -> Non
     assert data["ok"] and data["errors"] == 0 and data["mixed"] == 0, text
     assert data["complete"] > 0 and data["requests"] > data["complete"], text  # some hung up
     assert data["rss"] and "server RSS" in text
+
+
+def test_constrained_answers_follow_their_grammars_for_every_timed_token(tmp_path: Path) -> None:
+    into = tmp_path / "results"
+    text, report = run_bench(tmp_path, "constrained", "--model", "tiny", "--prompt", "16",
+                             "--generate", "4", "--runs", "2", "--results", str(into))
+    arms = ["free", "json", "regex", "lark"]
+    assert [r["arm"] for r in report["table"]] == arms
+    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| ")][1:] == [
+        f"| {a}" for a in arms
+    ]
+    assert report["passed"] is True, [r["problems"] for r in report["table"]]
+    assert report["options"]["sampling"]["temperature"] == 0.8
+    assert [sorted(order) for order in report["run_orders"]] == [sorted(arms)] * 2
+    for arm in arms:
+        ratios = report["ratio_per_run"][arm]
+        assert len(ratios) == 2 and all(r > 0 and math.isfinite(r) for r in ratios)
+        for run in report["arms"][arm]["runs"]:
+            # Every arm is timed over the same 4 tokens: no answer ended before them.
+            assert run["generation"]["tokens"] >= 4 and run["problem"] is None
+            assert (run["mask"] is None) == (arm == "free")
+            if run["mask"] is not None:
+                assert run["mask"]["refused"] is None and run["mask"]["tokens"] >= 3
+                assert 0 < run["mask"]["median_s"] <= run["mask"]["max_s"]
+    # The JSON answer ran on to its end (one string of 1 to 8 characters) and parses.
+    json_run = report["arms"]["json"]["runs"][0]
+    assert json_run["finish"] == "stop" and json_run["mask"]["accepting"] is True
+    (item,) = json.loads(json_run["text_head"])
+    assert 1 <= len(item) <= 8
+    # The regex and lark answers are cut at 4 tokens: words of a-z, still unfinished.
+    for arm in ("regex", "lark"):
+        run = report["arms"][arm]["runs"][0]
+        assert run["finish"] == "length" and run["tokens_written"] == 4
+        assert re.fullmatch(r"(?: [a-z]+)* ?", run["text_head"])
+    # Its results file is named as the others, and the generated tables pass over it.
+    (saved,) = into.glob("*.json")
+    assert saved.name.endswith("_tiny_bf16_p16-g4_constrained.json")
+    published = results_file.load_all()
+    saved_report = json.loads(saved.read_text())
+    assert results_file.generated([*published, saved_report]) == results_file.generated(published)

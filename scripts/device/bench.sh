@@ -2,6 +2,7 @@
 # The published GPU benches (docs/benchmarks.md, "Publishing a result"), on a lent machine:
 #   bash scripts/device/bench.sh dense|moe [EXTRA omnia-bench ARGS...]
 #   bash scripts/device/bench.sh paired --ref DIR --model SHAPE [ARGS...]   (this tree vs DIR's)
+#   bash scripts/device/bench.sh constrained [ARGS...]   (free vs JSON/regex/Lark-constrained)
 # dense: Qwen3-4B in bfloat16, then affine 4-bit g64; moe: Qwen3-30B-A3B 4-bit g64 written
 # quantized. Both engines in the same format, free generation included, RUNS runs (default 3),
 # each result under $OUT/bench-results. Set OMNIA_BENCH_REVISION to the commit that was copied
@@ -11,7 +12,7 @@ bash .device-wheels/install.sh > /dev/null 2>&1 || { echo "install.sh failed"; e
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
-what=${1:?dense or moe}
+what=${1:?dense, moe, paired or constrained}
 shift
 bench() {
   timeout "${T:-290}" python3 -m mlx_omnia.bench.main interleaved --runs "${RUNS:-3}" \
@@ -23,5 +24,18 @@ case $what in
   paired)
     timeout "${T:-400}" python3 -m mlx_omnia.bench.main paired --runs "${RUNS:-3}" \
       --results "$OUT/bench-results" "$@" 2>&1 | grep -v '^\[omnia-bench\] run ' | tee -a "$OUT/bench.txt" ;;
-  *) echo "unknown: $what (dense, moe or paired)"; exit 2 ;;
+  constrained)
+    constrained_bench() {
+      timeout "${T:-290}" python3 -m mlx_omnia.bench.main constrained --runs "${RUNS:-3}" \
+        --generate "${GENERATE:-256}" --results "$OUT/bench-results" "$@" 2>&1 \
+        | grep -v '^\[omnia-bench\] run ' | tee -a "$OUT/bench.txt"
+    }
+    if [[ " $* " == *" --model "* ]]; then
+      constrained_bench "$@"
+    else
+      constrained_bench --model qwen3-4b "$@"
+      constrained_bench --model qwen3-4b --quantize 4 "$@"
+      constrained_bench --model qwen3-30b-a3b --quantize 4 --prequantize "$@"
+    fi ;;
+  *) echo "unknown: $what (dense, moe, paired or constrained)"; exit 2 ;;
 esac

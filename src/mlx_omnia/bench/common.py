@@ -177,3 +177,10 @@ def quantize_json(
     if on_disk is not None:
         return {"bits": on_disk[0], "group_size": on_disk[1], "on_disk": True}
     return None if at_load is None else {"bits": at_load[0], "group_size": at_load[1]}
+
+
+def quantize_text(at_load: tuple[int, int] | None, on_disk: tuple[int, int] | None) -> str:
+    """The weights' quantization as the output's model line says it."""
+    if on_disk is not None:
+        return f"affine {on_disk[0]}-bit g{on_disk[1]} (written quantized)"
+    return "none" if at_load is None else f"affine {at_load[0]}-bit g{at_load[1]}"

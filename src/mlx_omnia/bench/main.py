@@ -4,6 +4,7 @@ itself) on the same checkpoint and the same token stream. See docs/benchmarks.md
     omnia-bench interleaved --model qwen3-4b [--quantize 4] [--reference] [--json OUT]
     omnia-bench interleaved --model qwen3-4b --explain
     omnia-bench paired --ref REV --model qwen3-4b
+    omnia-bench constrained --model qwen3-4b [--generate 256] [--constraints json,regex,lark]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, TextIO
 
 import mlx.core as mx
 
-from mlx_omnia.bench import bandwidth, measure, soak
+from mlx_omnia.bench import bandwidth, constrained, measure, soak
 from mlx_omnia.bench.common import (
     DECODE_NOTE,
     GENERATE_NOTE,
@@ -32,6 +33,7 @@ from mlx_omnia.bench.common import (
     progress,
     prompt_text,
     quantize_json,
+    quantize_text,
     sampling_of,
     token_stream,
     write_report,
@@ -160,9 +162,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
 
         print_environment(env, out)
         source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
-        q = "none" if quantize is None else f"affine {quantize[0]}-bit g{quantize[1]}"
-        if on_disk is not None:
-            q = f"affine {on_disk[0]}-bit g{on_disk[1]} (written quantized)"
+        q = quantize_text(quantize, on_disk)
         out(
             f"model: {source}  dtype {args.dtype}"
             + (f" (mlx-lm: {args.against_dtype})" if unlike else "")
@@ -244,7 +244,9 @@ def _print_check(name: str, first: str, check: dict[str, Any], out: Out) -> None
     )
 
 
-def _common(p: argparse.ArgumentParser, *, default_mib: int) -> None:
+def _generation_args(p: argparse.ArgumentParser, *, generate_help: str) -> None:
+    """What every command measuring one checkpoint takes: the model, its format, the token
+    stream's lengths, the runs, the sampling of free generations and where the report goes."""
     p.add_argument("--model", required=True,
                    help=f"a checkpoint directory, or a shape to build with random weights: {', '.join(SHAPES)}")
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
@@ -256,22 +258,26 @@ def _common(p: argparse.ArgumentParser, *, default_mib: int) -> None:
                         "quantized (MLX layout), which the arms load as is; a 30B MoE then fits "
                         "a 64 GB disk (~17 GB at 4 bits, ~61 GB at bfloat16)")
     p.add_argument("--prompt", type=int, default=512, help="prompt length in tokens")
-    p.add_argument("--generate", type=int, default=128, help="teacher-forced decode steps")
+    p.add_argument("--generate", type=int, default=128, help=generate_help)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seed", type=int, default=0, help="for the random weights and token ids")
     p.add_argument("--json", default=None, metavar="OUT", help="write the details here")
     p.add_argument("--workdir", default=None, help="where random checkpoints are built (a temp dir)")
-    p.add_argument("--bandwidth-mib", type=int, default=default_mib,
-                   help="size of the array copied to measure bandwidth")
-    p.add_argument("--no-generation", action="store_true",
-                   help="leave out the free generation (stream API) of each run")
     p.add_argument("--temperature", type=float, default=measure.Sampling.temperature,
-                   help="the free generation's sampling (both engines the same)")
+                   help="the free generation's sampling (every arm the same)")
     p.add_argument("--top-p", type=float, default=measure.Sampling.top_p)
     p.add_argument("--top-k", type=int, default=measure.Sampling.top_k)
     p.add_argument("--results", default=None, metavar="DIR",
                    help="also write the JSON under DIR with a name from its date, revision, "
                         "device and model (docs/bench-results/ holds the published ones)")
+
+
+def _common(p: argparse.ArgumentParser, *, default_mib: int) -> None:
+    _generation_args(p, generate_help="teacher-forced decode steps")
+    p.add_argument("--bandwidth-mib", type=int, default=default_mib,
+                   help="size of the array copied to measure bandwidth")
+    p.add_argument("--no-generation", action="store_true",
+                   help="leave out the free generation (stream API) of each run")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -302,6 +308,10 @@ def parser() -> argparse.ArgumentParser:
     soak_p = sub.add_parser("soak", help="many streaming clients against a live omnia-server, "
                                          "some hanging up; errors, mixed-up answers, RSS, /metrics")
     soak.add_arguments(soak_p)
+    cons = sub.add_parser("constrained", help="free generations against generations under a "
+                                              "JSON schema, a regex and a Lark grammar")
+    _generation_args(cons, generate_help="tokens each generation is timed over")
+    constrained.add_arguments(cons)
     return top
 
 
@@ -319,6 +329,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
     if args.command == "paired":
         paired(args, write)
+    elif args.command == "constrained":
+        constrained.constrained(args, write)
     else:
         interleaved(args, write)
     return 0

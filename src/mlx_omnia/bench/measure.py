@@ -186,7 +186,7 @@ def omnia_arm(
             max_tokens=tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k, seed=sampling.seed, stop=[sampling.stop],
         )
-        clock = _Clock()
+        clock = Clock()
         finish, prompt_tokens = "?", 0
         for piece in model.stream(text, options):
             clock.arrived(len(piece.token_ids), len(piece.text))
@@ -200,7 +200,7 @@ def omnia_arm(
     return Arm(name, nbytes, new_sequence, bindings, step_bytes, generate, dtype)
 
 
-class _Clock:
+class Clock:
     """Times a generation from the call: when its first text arrived and when its last did."""
 
     def __init__(self) -> None:
@@ -284,7 +284,7 @@ def mlx_lm_arm(path: str, *, dtype: str, quantize: tuple[int, int] | None) -> Ar
             temp=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k
         )
         mx.random.seed(sampling.seed)
-        clock = _Clock()
+        clock = Clock()
         finish, prompt_tokens, tail = "length", 0, ""
         for response in generate_module.stream_generate(
             model, tokenizer, text, max_tokens=tokens, sampler=sampler

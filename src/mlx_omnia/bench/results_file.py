@@ -83,7 +83,7 @@ def readable_format(options: dict[str, Any]) -> str:
 
 def device_name(report: dict[str, Any]) -> str:
     """The card's name on a GPU, else the backend and the CPU's name."""
-    card = report.get("bandwidth", {}).get("card")
+    card = report.get("card") or report.get("bandwidth", {}).get("card")
     if card:
         return str(card)
     env = report["environment"]
