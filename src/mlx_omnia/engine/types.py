@@ -241,8 +241,11 @@ class OptionSpec:
     vocab_size: int | None = None
     why_le: str = ""  # what the upper bound is, said when a value passes it
     # A Constraint compiles against this vocabulary when given (a model's; built on first use),
-    # else its grammar alone is checked.
-    grammar_tokenizer: Callable[[], LLTokenizer] | None = None
+    # else its grammar alone is checked. Not part of what the spec says (two loads of one model
+    # have equal signatures).
+    grammar_tokenizer: Callable[[], LLTokenizer] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def within(self, bounds: Bounds) -> OptionSpec:
         """This option under tighter bounds (an API's own limits)."""
