@@ -22,6 +22,7 @@ from mlx_omnia.server.dialects.common import (
 )
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.errors import error_body
+from mlx_omnia.server.dialects.fields import COUNT_TOKENS, MESSAGES
 from mlx_omnia.server.dialects.generation import Options, documented, json_schema
 from mlx_omnia.server.dialects.tools import declared, function_tool, unique
 from mlx_omnia.server.errors import ApiError
@@ -39,20 +40,8 @@ probes = APIRouter(include_in_schema=False)
 async def probe() -> Response:
     return Response(status_code=200)
 
-# Request fields accepted and ignored because they cannot change the output.
-# (cache_control: a prompt-caching hint; speed: a latency tier; diagnostics: prompt-cache
-# divergence reports, always null here.)
-HARMLESS = (
-    "metadata",
-    "service_tier",
-    "cache_control",
-    "speed",
-    "inference_geo",
-    "user_profile_id",
-    "diagnostics",
-)
-# Keys of a text content block that cannot change the output.
-TEXT_BLOCK_KEYS = frozenset({"type", "text", "cache_control", "citations"})
+# Keys of a text content block: its text and those that cannot change the output.
+TEXT_BLOCK_KEYS = frozenset({"type", "text"}) | MESSAGES.names("ignored", under="messages[].content[]")
 EPOCH = "1970-01-01T00:00:00Z"
 # A thinking block's signature: Anthropic's proves the thinking is the model's; this server's
 # thinking is not checked when it comes back, so the signature says only where it came from.
@@ -69,12 +58,9 @@ ROLES: dict[str, Literal["user", "assistant", "system"]] = {
     "user": "user", "assistant": "assistant", "system": "system"
 }
 ToolChoice = Literal["auto", "none", "required"]
-# Keys of a custom tool (cache_control: a caching hint; defer_loading: tool search's hint, the
-# tool is declared to the model all the same; strict: arguments follow the schema, which a
-# forced call's grammar does).
-TOOL_KEYS = frozenset(
-    {"type", "name", "description", "input_schema", "cache_control", "defer_loading", "strict"}
-)
+# Keys of a custom tool (fields.py says why each is honoured or ignored).
+TOOL_KEYS = MESSAGES.names("honoured", "ignored", under="tools[]")
+OUTPUT_CONFIG_KEYS = MESSAGES.names("honoured", "ignored", under="output_config")
 # output_config.effort: how much effort the model spends, a hint to Claude's thinking. A model
 # without a thinking template answers the same at every level (Claude Code always sends one).
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
@@ -101,21 +87,38 @@ class _Strict(Body):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-_BLOCKS: dict[str, Any] = {
-    "anyOf": [
-        {"type": "string"},
-        {
-            "type": "array",
-            "items": {
-                **text_part(["text"], cache_control={}, citations={"enum": [None, []]}),
-                "additionalProperties": False,
-            },
-        },
-    ]
+_TEXT_BLOCK: dict[str, Any] = {
+    **text_part(["text"], cache_control={}, citations={"enum": [None, []]}),
+    "additionalProperties": False,
 }
+_BLOCKS: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}]}
+
+
+def _block(kind: str, required: tuple[str, ...] = (), **properties: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"type": {"const": kind}, **properties},
+        "required": ["type", *required],
+    }
+
+
+# A message's blocks: text; an assistant's tool_use and (earlier) thinking; a user's
+# tool_result. A system message (Claude Code's) holds text.
+_MESSAGE_BLOCKS: dict[str, Any] = {"anyOf": [
+    {"type": "string"},
+    {"type": "array", "items": {"anyOf": [
+        _TEXT_BLOCK,
+        _block("tool_use", ("id", "name", "input"), id={"type": "string"},
+               name={"type": "string"}, input={"type": "object"}),
+        _block("tool_result", ("tool_use_id",), tool_use_id={"type": "string"},
+               content=_BLOCKS, is_error={"type": "boolean"}),
+        _block("thinking", ("thinking",), thinking={"type": "string"}),
+        _block("redacted_thinking"),
+    ]}},
+]}
 MESSAGE: dict[str, Any] = {
     "type": "object",
-    "properties": {"role": {"enum": ["user", "assistant"]}, "content": _BLOCKS},
+    "properties": {"role": {"enum": ["user", "assistant", "system"]}, "content": _MESSAGE_BLOCKS},
     "required": ["role", "content"],
     "additionalProperties": False,
 }
@@ -211,7 +214,10 @@ def _result_text(block: dict[str, object], at: str) -> str:
     text = content if isinstance(content, str) else "\n".join(
         b["text"] for b in cast(list[TextPart], _text_blocks(content, f"{at}.content"))
     )
-    if block.get("is_error") is True:
+    error = block.get("is_error")
+    if error is not None and not isinstance(error, bool):
+        raise ApiError("invalid_request", f"{at}.is_error: must be a boolean", f"{at}.is_error")
+    if error:
         return f"Error: {text}"
     return text
 
@@ -229,7 +235,9 @@ def _turns(role: Literal["user", "assistant"], content: Any, where: str) -> list
         kind = block.get("type")
         if kind == "thinking" and role == "assistant":
             thought = block.get("thinking")
-            if isinstance(thought, str) and thought:
+            if not isinstance(thought, str):
+                raise ApiError("invalid_request", f"{at}.thinking: must be a string", f"{at}.thinking")
+            if thought:
                 thoughts.append(thought)
             continue
         if kind == "redacted_thinking" and role == "assistant":
@@ -504,7 +512,7 @@ def output_of(body: CountTokensRequest, options: Options) -> Options:
     output_format), effort accepted; refused by name where they are not valid."""
     config = body.output_config or {}
     for key in config:
-        if key not in ("effort", "format"):
+        if key not in OUTPUT_CONFIG_KEYS:
             raise ApiError(
                 "invalid_request", f"output_config.{key}: field is not supported by this server",
                 f"output_config.{key}",
@@ -668,7 +676,7 @@ async def _count(state: ServerState, model_id: str, chat: Chat) -> int:
 
 @router.post("/messages", response_model=None, responses=STREAMED)
 async def messages(request: Request, body: MessagesRequest) -> JSONResponse | StreamingResponse:
-    refuse_unknown(body, HARMLESS)
+    refuse_unknown(body, MESSAGES.ignored())
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
     chat, applied = await _managed(state, model_id, chat_of(body), body.context_management)
@@ -764,7 +772,7 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
 
 @router.post("/messages/count_tokens")
 async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, int]:
-    refuse_unknown(body, HARMLESS)
+    refuse_unknown(body, COUNT_TOKENS.ignored())
     state = state_of(request)
     model_id = state.manager.check_id(body.model)
     output_of(body, Options(LIMITS)).checked()  # checked as a message's would be; not counted

@@ -35,6 +35,7 @@ from mlx_omnia import (
 )
 from mlx_omnia.server.dialects.common import SSE_EVENT, model_ids, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
+from mlx_omnia.server.dialects.fields import GENERATE
 from mlx_omnia.server.dialects.generation import (
     Generation,
     Options,
@@ -76,21 +77,20 @@ router = APIRouter()
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 
-# Top-level request fields accepted and ignored because they cannot change the output.
-HARMLESS = frozenset({"safetySettings", "labels", "serviceTier", "model"})
-# generationConfig fields accepted and ignored: mediaResolution only concerns media inputs,
-# which are refused anyway.
-HARMLESS_CONFIG = frozenset({"mediaResolution"})
-# Part fields that carry non-text content: refused with a message saying so.
-MEDIA_PARTS = frozenset(
-    {"inlineData", "fileData", "executableCode", "codeExecutionResult", "videoMetadata",
-     "toolCall", "toolResponse"}
+# What each field is (fields.py says why): the request's own fields, those ignored because
+# they cannot change the output, and those of generationConfig, parts, function declarations
+# and toolConfig the parsing below takes.
+FIELDS = GENERATE.names("honoured")
+HARMLESS = GENERATE.names("ignored")
+HARMLESS_CONFIG = GENERATE.names("ignored", under="generationConfig")
+PART_KEYS = GENERATE.names("honoured", "ignored", under="contents[].parts[]")
+# Part fields that carry (or describe) non-text content: refused with a message saying so.
+MEDIA_PARTS = GENERATE.names("refused", under="contents[].parts[]")
+DECLARATION_KEYS = GENERATE.names(
+    "honoured", "ignored", under="tools[].functionDeclarations[]"
 )
-# A functionDeclaration's fields (behavior: blocking or not, a client-side matter).
-DECLARATION_KEYS = frozenset(
-    {"name", "description", "parameters", "parametersJsonSchema", "behavior", "response",
-     "responseJsonSchema"}
-)
+TOOL_CONFIG_KEYS = GENERATE.names("honoured", "ignored", under="toolConfig")
+CALLING_KEYS = GENERATE.names("honoured", "ignored", under="toolConfig.functionCallingConfig")
 ToolChoice = Literal["auto", "none", "required"]
 # Gemini's own bounds, tighter than the engine's.
 LIMITS = {"max_tokens": Bounds(ge=1), "stop": Bounds(max_items=5, nonempty=True)}
@@ -211,7 +211,7 @@ def _parts(content: object, where: str) -> tuple[str | None, list[Part]]:
                     f"{at}.{key}: only text and function parts are supported by this model",
                     f"{at}.{key}",
                 )
-            if key not in ("text", "thought", "thoughtSignature", "functionCall", "functionResponse"):
+            if key not in PART_KEYS:
                 raise _unknown(key, at)
         if len(kinds) != 1:
             raise _bad(f"{at} must have one of text, functionCall or functionResponse", at)
@@ -381,12 +381,12 @@ def _tool_config(value: object, tools: tuple[dict[str, Any], ...]) -> tuple[Tool
     where = "toolConfig"
     config = _obj(value, where)
     for key in config:
-        if key not in ("functionCallingConfig", "retrievalConfig"):
+        if key not in TOOL_CONFIG_KEYS:
             raise _unknown(key, where)
     calling = _obj(config.get("functionCallingConfig", {}), f"{where}.functionCallingConfig")
     at = f"{where}.functionCallingConfig"
     for key in calling:
-        if key not in ("mode", "allowedFunctionNames"):
+        if key not in CALLING_KEYS:
             raise _unknown(key, at)
     mode = _str(calling.get("mode", "AUTO"), f"{at}.mode")
     names = tuple(
@@ -560,9 +560,7 @@ class Parsed:
 def parse_generate(body: dict[str, Any], where: str = "") -> Parsed:
     """A GenerateContentRequest: every field honoured or refused by name."""
     for key in body:
-        if key in ("contents", "systemInstruction", "generationConfig", "tools", "toolConfig"):
-            continue
-        if key not in HARMLESS:
+        if key not in FIELDS | HARMLESS:
             raise _unknown(key, where)
     try:
         options, candidates, thinking = options_of(body.get("generationConfig", {}))

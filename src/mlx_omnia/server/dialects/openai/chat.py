@@ -12,6 +12,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from mlx_omnia import Chat, ChatMessage, Piece, TokenLogprob, ToolCallDelta
 from mlx_omnia.server.dialects.common import STREAMED, new_id, text_part
+from mlx_omnia.server.dialects.fields import CHAT
 from mlx_omnia.server.dialects.generation import (
     Answer,
     Options,
@@ -21,7 +22,6 @@ from mlx_omnia.server.dialects.generation import (
 )
 from mlx_omnia.server.dialects.openai.shared import (
     EFFORTS,
-    HARMLESS,
     LIMITS,
     Reply,
     Sampling,
@@ -46,18 +46,42 @@ ToolChoice = Literal["auto", "none", "required"]
 router = APIRouter()
 
 
+_REFUSAL_PART: dict[str, Any] = {
+    "type": "object",
+    "properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}},
+    "required": ["type", "refusal"],
+}
+_TOOL_CALL: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+            "required": ["name", "arguments"],
+        },
+    },
+    "required": ["function"],
+}
+# A message: system, developer, user, assistant (with its tool_calls and reasoning_content)
+# or tool (with the tool_call_id it answers).
 MESSAGE: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "role": {"enum": ["system", "developer", "user", "assistant"]},
+        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
         "content": {
             "anyOf": [
                 {"type": "string"},
-                {"type": "array", "items": text_part(["text"])},
+                {"type": "array", "items": {"anyOf": [text_part(["text"]), _REFUSAL_PART]}},
                 {"type": "null"},
             ]
         },
-        "name": {"type": "string"},
+        "name": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "tool_calls": {"anyOf": [{"type": "array", "items": _TOOL_CALL, "minItems": 1},
+                                 {"type": "null"}]},
+        "tool_call_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "reasoning_content": {"anyOf": [{"type": "string"}, {"type": "null"}]},
     },
     "required": ["role"],
 }
@@ -92,9 +116,10 @@ def _text(content: Any, where: str) -> str:
         return content
     texts: list[str] = []
     for j, part in enumerate(parts_of(content, where)):
-        text = part.get("text") if part is not None and part.get("type") == "text" else None
+        kind = part.get("type") if part is not None else None
+        text = part.get(kind) if part is not None and kind in ("text", "refusal") else None
         if not isinstance(text, str):
-            raise refuse_part(part, f"{where}[{j}]", "text parts")
+            raise refuse_part(part, f"{where}[{j}]", "text and refusal parts")
         texts.append(text)
     return "\n".join(texts)
 
@@ -147,6 +172,13 @@ def _tool_calls(calls: object, where: str) -> list[dict[str, Any]]:
     return out
 
 
+def _optional_str(message: dict[str, Any], key: str, where: str) -> str | None:
+    value = message.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ApiError("invalid_request", f"{where}.{key} must be a string", f"{where}.{key}")
+    return value
+
+
 def chat_of(
     messages: list[dict[str, Any]], tools: Tools = Tools(), body: ChatCompletionRequest | None = None
 ) -> Chat:
@@ -166,16 +198,19 @@ def chat_of(
         if m.get("audio"):
             raise ApiError("invalid_request", "audio is not supported by this model", f"{where}.audio")
         message: ChatMessage = {"role": role, "content": _text(m.get("content"), f"{where}.content")}
+        name = _optional_str(m, "name", where)
+        if name:
+            message["name"] = name  # a participant's name, for templates that show it
         if role == "assistant" and m.get("tool_calls") is not None:
             message["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         elif m.get("tool_calls") is not None:
             raise ApiError("invalid_request", f"{where}: only assistant messages have tool_calls", where)
-        thought = m.get("reasoning_content", m.get("reasoning"))
+        thought = _optional_str(m, "reasoning_content", where) or m.get("reasoning")
         if role == "assistant" and isinstance(thought, str) and thought:
             message["reasoning_content"] = thought  # as vLLM and DeepSeek's API take it back
+        call_id = _optional_str(m, "tool_call_id", where)
         if role == "tool":
-            call_id = m.get("tool_call_id")
-            if not isinstance(call_id, str):
+            if call_id is None:
                 raise ApiError(
                     "invalid_request", f"{where}.tool_call_id is required for a tool message",
                     f"{where}.tool_call_id",
@@ -293,7 +328,7 @@ def _call_delta(delta: ToolCallDelta, call_id: str) -> dict[str, Any]:
 async def chat_completions(
     request: Request, body: ChatCompletionRequest
 ) -> JSONResponse | StreamingResponse:
-    model_id = accepted(request, body, body.model, HARMLESS)
+    model_id = accepted(request, body, body.model, CHAT)
     chat = chat_of(body.messages, tools_of(body), body)
     generation = options_of(body).generation(model_id, chat, "messages")
     reply = Reply(new_id("chatcmpl-"), model_id)

@@ -10,9 +10,9 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from mlx_omnia import Bounds, Piece, TokenLogprob
 from mlx_omnia.server.dialects.common import STREAMED, new_id, token_text
+from mlx_omnia.server.dialects.fields import COMPLETIONS
 from mlx_omnia.server.dialects.generation import Options, documented, run_all, stream_all
 from mlx_omnia.server.dialects.openai.shared import (
-    HARMLESS,
     LIMITS,
     Reply,
     Sampling,
@@ -92,7 +92,7 @@ def _completion_options(body: CompletionRequest) -> Options:
 async def completions(
     request: Request, body: CompletionRequest
 ) -> JSONResponse | StreamingResponse:
-    model_id = accepted(request, body, body.model, HARMLESS)
+    model_id = accepted(request, body, body.model, COMPLETIONS)
     generation = _completion_options(body).generation(model_id, _prompt_of(body.prompt), "prompt")
     reply = Reply(new_id("cmpl-"), model_id)
     n = body.n or 1

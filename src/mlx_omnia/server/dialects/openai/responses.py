@@ -12,10 +12,10 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from mlx_omnia import Chat, ChatMessage, Piece, TokenLogprob
 from mlx_omnia.server.dialects.common import STREAMED, new_id, now, sse, text_part
 from mlx_omnia.server.dialects.common import Request as Body
+from mlx_omnia.server.dialects.fields import RESPONSES
 from mlx_omnia.server.dialects.generation import Answer, Options, documented
 from mlx_omnia.server.dialects.openai.chat import Tools
 from mlx_omnia.server.dialects.openai.shared import (
-    HARMLESS,
     LIMITS,
     accepted,
     as_dict,
@@ -34,10 +34,6 @@ from mlx_omnia.server.stored import StoredResponse
 
 router = APIRouter()
 
-# (client_metadata: what the Codex CLI says of itself on every request.)
-RESPONSES_HARMLESS = (
-    *HARMLESS, "stream_options", "max_tool_calls", "background_options", "client_metadata"
-)
 # The one `include` value there is to honour: each output_text part's tokens' logprobs.
 LOGPROBS = "message.output_text.logprobs"
 # The others add what the answers here never hold (tool results, images, reasoning): accepted.
@@ -53,34 +49,56 @@ INCLUDABLE = (
 )
 
 
-INPUT_ITEM: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "type": {"const": "message"},
-        "role": {"enum": ["system", "developer", "user", "assistant"]},
-        "content": {
-            "anyOf": [
-                {"type": "string"},
-                {
-                    "type": "array",
-                    "items": {
-                        "anyOf": [
-                            text_part(["input_text", "output_text"]),
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "type": {"const": "refusal"}, "refusal": {"type": "string"}
-                                },
-                                "required": ["type", "refusal"],
-                            },
-                        ]
+_PARTS: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {
+                "anyOf": [
+                    text_part(["input_text", "output_text"]),
+                    {
+                        "type": "object",
+                        "properties": {
+                            "type": {"const": "refusal"}, "refusal": {"type": "string"}
+                        },
+                        "required": ["type", "refusal"],
                     },
-                },
-            ]
+                ]
+            },
         },
-    },
-    "required": ["role", "content"],
+    ]
 }
+
+
+def _item(kind: str, required: tuple[str, ...], **properties: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"type": {"const": kind}, **properties},
+        "required": ["type", *required],
+    }
+
+
+# An input item: a message; an earlier answer's function_call, reasoning, and the
+# function_call_output that answers a call.
+INPUT_ITEM: dict[str, Any] = {"anyOf": [
+    {
+        "type": "object",
+        "properties": {
+            "type": {"const": "message"},
+            "role": {"enum": ["system", "developer", "user", "assistant"]},
+            "content": _PARTS,
+        },
+        "required": ["role", "content"],
+    },
+    _item("function_call", ("call_id", "name", "arguments"), call_id={"type": "string"},
+          name={"type": "string"}, arguments={"type": "string"}),
+    _item("function_call_output", ("call_id", "output"), call_id={"type": "string"},
+          output=_PARTS),
+    _item("reasoning", (), content={"anyOf": [
+        {"type": "array"}, {"type": "null"}
+    ]}),
+]}
 
 
 # `text`: the output format, and verbosity at OpenAI's default, medium, which is what every
@@ -97,8 +115,8 @@ TEXT: dict[str, Any] = {
 class ResponsesRequest(Body):
     model: StrictStr | None = None
     input: StrictStr | list[Any] = Field(
-        description="Text, or message items (input_text parts; output_text or refusal parts in "
-        "an assistant's).",
+        description="Text, or input items: messages (input_text parts; output_text or refusal "
+        "parts in an assistant's), function_call, function_call_output and reasoning items.",
         json_schema_extra={"minItems": 1, "items": INPUT_ITEM},
     )
     instructions: StrictStr | None = None
@@ -200,7 +218,11 @@ def input_messages(items: str | list[Any], where: str = "input") -> list[ChatMes
                 "content": _output_text(item.get("output"), f"{at}.output"),
             })
         elif kind == "reasoning":  # an earlier answer's reasoning: its assistant turn's
-            parts = [as_dict(p) or {} for p in cast(list[object], item.get("content") or [])]
+            content: object = item.get("content")
+            content = [] if content is None else content
+            if not isinstance(content, list):
+                raise ApiError("invalid_request", f"{at}.content must be a list", f"{at}.content")
+            parts = [as_dict(p) or {} for p in cast(list[object], content)]
             texts = [str(p.get("text", "")) for p in parts if p.get("type") == "reasoning_text"]
             if texts:
                 messages.append({"role": "assistant", "content": "",
@@ -494,7 +516,7 @@ def _earlier(state: ServerState, body: ResponsesRequest) -> tuple[ChatMessage, .
 
 @router.post("/responses", response_model=None, responses=STREAMED)
 async def responses(request: Request, body: ResponsesRequest) -> JSONResponse | StreamingResponse:
-    model_id = accepted(request, body, body.model, RESPONSES_HARMLESS)
+    model_id = accepted(request, body, body.model, RESPONSES)
     state = state_of(request)
     chat = _responses_chat(body, _earlier(state, body))
     generation = _responses_options(body).generation(model_id, chat, "input")

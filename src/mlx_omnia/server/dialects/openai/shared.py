@@ -1,4 +1,4 @@
-"""What the OpenAI dialect's APIs share: ignored fields, the sampling fields of chat and legacy
+"""What the OpenAI dialect's APIs share: the sampling fields of chat and legacy
 completions and OpenAI's bounds on them, the request's model, their event streams, usage,
 content parts."""
 
@@ -17,6 +17,7 @@ from mlx_omnia import Bounds, Constraint, Piece, TokenLogprob, Usage
 from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.common import now, refuse_unknown, sse, token_text
 from mlx_omnia.server.dialects.errors import error_body
+from mlx_omnia.server.dialects.fields import Endpoint
 from mlx_omnia.server.dialects.generation import (
     Options,
     Stream,
@@ -31,17 +32,6 @@ R = TypeVar("R", bound=str)
 
 # The most choices (n) a request may ask for, as OpenAI's API allows.
 MAX_CHOICES = 128
-# Fields accepted and ignored because they cannot change the output.
-HARMLESS = (
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "parallel_tool_calls",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "safety_identifier",
-)
 # OpenAI's own bounds, tighter than the engine's (logprobs: chat's top_logprobs, alternatives a
 # token).
 LIMITS = {
@@ -55,13 +45,12 @@ LIMITS = {
 }
 
 
-def accepted(
-    request: Request, body: BaseModel, model: str | None, harmless: tuple[str, ...]
-) -> str:
-    """The canonical id of `model`, for a request whose unknown fields are all `harmless` or null
-    (they cannot change the output); any other one is refused by name."""
+def accepted(request: Request, body: BaseModel, model: str | None, endpoint: Endpoint) -> str:
+    """The canonical id of `model`, for a request whose unknown fields are all ones the
+    `endpoint` ignores (they cannot change the output) or null; any other one is refused by
+    name."""
     nulls = tuple(name for name, value in (body.model_extra or {}).items() if value is None)
-    refuse_unknown(body, (*harmless, *nulls))
+    refuse_unknown(body, (*endpoint.ignored(), *nulls))
     return state_of(request).manager.check_id(model)
 
 
