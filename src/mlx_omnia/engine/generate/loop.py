@@ -256,15 +256,15 @@ def _generate_followed(
     follow: Callable[[int], None],
 ) -> Iterator[int]:
     """generate_tokens when sampling token t + 1 needs token t's value on the host (a grammar's
-    mask): the forward for t + 1 is queued as soon as t is known, and `follow(t)` and the
-    consumer's handling of t run while it computes; then t + 1 is sampled and waited for."""
+    mask): the forward for t + 1 is queued behind the (lazy) sample of t before the host waits
+    for t's value, so the device goes on to it at once; `follow(t)` and the consumer's handling
+    of t run while it computes; then t + 1 is sampled under the mask that follows t."""
     with Decoding(network) as sequence:
         token = sample(sequence.feed(prompt_ids, last_only=True)[-1])
-        value = int_item(token)
         while True:
             logits = sequence.step(token[None, None])
-            evaluate_async([logits, *sequence.state()])
+            evaluate_async([token, logits, *sequence.state()])
+            value = int_item(token)  # waits for the sample alone, queued before the forward
             follow(value)
             yield value
             token = sample(logits)
-            value = int_item(token)
