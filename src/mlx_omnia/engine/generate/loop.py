@@ -261,10 +261,12 @@ def _generate_followed(
     of t run while it computes; then t + 1 is sampled under the mask that follows t."""
     with Decoding(network) as sequence:
         token = sample(sequence.feed(prompt_ids, last_only=True)[-1])
+        evaluate_async(token)
         while True:
             logits = sequence.step(token[None, None])
-            evaluate_async([token, logits, *sequence.state()])
-            value = int_item(token)  # waits for the sample alone, queued before the forward
+            evaluate_async([logits, *sequence.state()])
+            value = int_item(token)  # its own evaluation: waits for the sample, not the forward
             follow(value)
             yield value
             token = sample(logits)
+            evaluate_async(token)
