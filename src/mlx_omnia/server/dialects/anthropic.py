@@ -24,7 +24,7 @@ from mlx_omnia.server.dialects.common import Request as Body
 from mlx_omnia.server.dialects.errors import error_body
 from mlx_omnia.server.dialects.fields import COUNT_TOKENS, MESSAGES
 from mlx_omnia.server.dialects.generation import Options, documented, json_schema
-from mlx_omnia.server.dialects.tools import declared, function_tool, unique
+from mlx_omnia.server.dialects.tools import arguments_object, declared, function_tool, unique
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
@@ -600,16 +600,6 @@ def _message(
     }
 
 
-def _input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as tool_use input: the object the model wrote, or {} for text that is
-    no JSON object (an answer cut short)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
-    return cast(dict[str, Any], value) if isinstance(value, dict) else {}
-
-
 class Blocks:
     """A streamed answer's content blocks: text, then each tool call (its input as JSON
     deltas), each opened when its first part comes and closed when the next opens."""
@@ -696,7 +686,7 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
             content.append({"type": "text", "text": answer.text})
         content += [
             {"type": "tool_use", "id": new_id("toolu_"), "name": call.name,
-             "input": _input(call.arguments)}
+             "input": arguments_object(call.arguments)}
             for call in answer.tool_calls
         ]
         return JSONResponse(

@@ -46,7 +46,7 @@ from mlx_omnia.server.dialects.generation import (
     run_all,
     stream_all,
 )
-from mlx_omnia.server.dialects.tools import declared, function_tool, unique
+from mlx_omnia.server.dialects.tools import arguments_object, declared, function_tool, unique
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.state import ServerState, state_of
 
@@ -689,7 +689,7 @@ def _candidate(
 ) -> dict[str, Any]:
     parts: list[dict[str, Any]] = [{"text": thought, "thought": True}] if thought else []
     parts += [{"text": text}] if text or not (calls or thought) else []
-    parts += [{"functionCall": {"name": c.name, "args": _args(c.arguments)}} for c in calls]
+    parts += [{"functionCall": {"name": c.name, "args": arguments_object(c.arguments)}} for c in calls]
     candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": index}
     if finish is not None:
         candidate["finishReason"] = FINISH.get(finish, "OTHER")
@@ -698,16 +698,6 @@ def _candidate(
         if logprobs:
             candidate["avgLogprobs"] = sum(e.logprob for e in logprobs) / len(logprobs)
     return candidate
-
-
-def _args(arguments: str) -> dict[str, Any]:
-    """A call's arguments as functionCall.args: the object the model wrote, or {} for text that
-    is no JSON object (an answer cut short)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
-    return cast(dict[str, Any], value) if isinstance(value, dict) else {}
 
 
 def _response(

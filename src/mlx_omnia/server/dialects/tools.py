@@ -3,6 +3,7 @@ and the ids a dialect gives the calls it returns."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, cast
@@ -64,6 +65,16 @@ def declared(name: object, tools: tuple[dict[str, Any], ...], where: str) -> str
     if not isinstance(name, str) or name not in names:
         raise ApiError("invalid_request", f"{where} names no declared tool ({name!r})", where)
     return name
+
+
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """A call's arguments as an object (Anthropic's tool_use input, Gemini's functionCall args):
+    the object the model wrote, or {} for text that is no JSON object (an answer cut short)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return cast(dict[str, Any], value) if isinstance(value, dict) else {}
 
 
 class CallIds:
