@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlx_omnia.engine import (
+        Batch,
         Bounds,
         CachedModel,
         Chat,
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
         ContextLengthError,
         Decoding,
         DownloadError,
+        Generation,
         GenerationOptions,
         InvalidOptionsError,
         Model,
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "Batch",
     "Bounds",
     "CachedModel",
     "Chat",
@@ -62,6 +65,7 @@ __all__ = [
     "ContextLengthError",
     "Decoding",
     "DownloadError",
+    "Generation",
     "GenerationOptions",
     "InvalidOptionsError",
     "Model",

@@ -6,6 +6,7 @@ system BLAS, which only works before anything imports mlx.core."""
 import warnings
 
 from mlx_omnia.engine.blas import late_warning
+from mlx_omnia.engine.concurrent import Batch
 from mlx_omnia.engine.errors import (
     ChatTemplateError,
     CheckpointError,
@@ -29,7 +30,7 @@ from mlx_omnia.engine.loading.cache import (
     estimate_memory,
     pull,
 )
-from mlx_omnia.engine.model import Model
+from mlx_omnia.engine.model import Generation, Model
 from mlx_omnia.engine.runtime import runtime_info
 from mlx_omnia.engine.text.tools import ToolCall, ToolCallDelta
 from mlx_omnia.engine.types import (
@@ -50,6 +51,7 @@ from mlx_omnia.engine.types import (
 )
 
 __all__ = [
+    "Batch",
     "Bounds",
     "CachedModel",
     "Chat",
@@ -62,6 +64,7 @@ __all__ = [
     "ContextLengthError",
     "Decoding",
     "DownloadError",
+    "Generation",
     "GenerationOptions",
     "InvalidOptionsError",
     "Model",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -17,12 +19,12 @@ from mlx_omnia.engine.core.layers import Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
 from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, named_modules
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
+from mlx_omnia.engine.generate.batch import batchable
 from mlx_omnia.engine.generate.budget import ReasoningBudget
 from mlx_omnia.engine.generate.loop import Decoding, Network, generate_tokens
 from mlx_omnia.engine.generate.sampling import SampledLogprobs, Sampler, SamplingParams
 from mlx_omnia.engine.generate.stops import StopMatcher
 from mlx_omnia.engine.saving import save_model
-from mlx_omnia.engine.text.detokenizer import IncrementalDecoder
 from mlx_omnia.engine.text.reasoning import ReasoningFormat, ReasoningSplitter
 from mlx_omnia.engine.text.tokenizer import Tokenizer
 from mlx_omnia.engine.text.tools import (
@@ -142,6 +144,7 @@ class Model:
                 functools.partial(tokenizer.grammar_tokenizer, self._vocab_rows()),
             ),
             context_length=context_length,
+            batched=batchable(network),
         )
 
     @property
@@ -155,6 +158,22 @@ class Model:
         except an embedding table that is not also the head (one row a token) and stacked
         experts (the routed share: top_k / n_experts of the Route nearest them)."""
         return decode_weight_bytes(self.network)
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """A digest of what this model computes with: its config, its weights' dtypes and sizes,
+        and its source files (names, sizes, modification times). A prefix cache keys this
+        model's keys and values by it, so a changed checkpoint never meets stale state."""
+        h = hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode())
+        for name, a in sorted(flat_parameters(self.network).items()):
+            h.update(f"{name}:{a.dtype}:{a.shape};".encode())
+        source = Path(self.source)
+        files = sorted(source.iterdir()) if source.is_dir() else [source]
+        for f in files:
+            if f.is_file():
+                st = f.stat()
+                h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+        return h.hexdigest()
 
     @property
     def model_type(self) -> str:
@@ -197,6 +216,28 @@ class Model:
 
         The input and options are checked here, before the first piece: bad ones raise at the
         call, not at the first `next()` (a server can still answer with an error status)."""
+        return self._run(self.generation(input, options))
+
+    def _run(self, generation: Generation) -> Iterator[Piece]:
+        if not generation.needs_tokens:
+            yield from generation.add(None)
+            return
+        tokens = generate_tokens(
+            self._decodable, generation.prompt, generation.sample, generation.follow
+        )
+        try:
+            for token in tokens:
+                yield from generation.add(token)
+                if generation.done:
+                    return
+        finally:
+            tokens.close()
+
+    def generation(
+        self, input: Chat | str, options: GenerationOptions | None = None
+    ) -> Generation:
+        """A checked, tokenized request whose answer is built token by token (`Generation.add`):
+        what `stream` and a `Batch` drive. Bad input or options raise here."""
         options = self._forced_calls(input, options or GenerationOptions())
         self.signature.check(options)
         prompt = self.encode(input)
@@ -221,8 +262,6 @@ class Model:
             self._sampling(options), self._vocab_rows(), prompt, constraint,
             None if constraint is None else self.grammar_tokenizer(),
         )
-        if max_tokens == 0:
-            return iter([Piece("", (), finish_reason="length", usage=Usage(len(prompt), 0))])
         # A raw prompt or a prefill is continued: its last tokens seed the detokenizer.
         continued = isinstance(input, str) or input.continue_final
         context = prompt[-CONTEXT:] if continued else []
@@ -238,13 +277,14 @@ class Model:
         keep = frozenset(self.tokenizer.special_ids(markers).values())
         opened = thinks is not None and thinks.splitter(self._prompt_tail(prompt)).inside
         sample = self._budgeted(sampler, options, thinks, opened)
-        pieces = self._pieces(prompt, sample, max_tokens, options, context, keep)
-        if thinks is not None:
-            pieces = _reasoning(pieces, thinks.splitter(self._prompt_tail(prompt)))
+        text = _Text(self, prompt, sampler, max_tokens, options, context, keep)
+        splitter = thinks.splitter(self._prompt_tail(prompt)) if thinks is not None else None
+        parser = None
         if calls and chat is not None:
             tools = chat.tools if chat.tool_choice != "none" else ()
-            return _tool_calls(pieces, fmt.parser(tools), chat.parallel_tool_calls, len(prompt))
-        return pieces
+            parser = _Calls(fmt.parser(tools), chat.parallel_tool_calls, text)
+        follow = sample.follow if isinstance(sample, ReasoningBudget) or sampler.constrained else None
+        return Generation(prompt, sample, follow, text, splitter, parser, max_tokens > 0)
 
     def _reasoning(self, chat: Chat | None) -> ReasoningFormat | None:
         """The template's reasoning markers, for a chat that may think (not a continued turn,
@@ -316,64 +356,6 @@ class Model:
         return save_model(self, Path(path))
 
     # -- internals -------------------------------------------------------------------------
-    def _pieces(
-        self,
-        prompt: list[int],
-        sampler: Sampler | ReasoningBudget,
-        max_tokens: int,
-        options: GenerationOptions,
-        context: list[int],
-        keep: frozenset[int] = frozenset(),
-    ) -> Iterator[Piece]:
-        stop_ids = self.tokenizer.eos_token_ids | frozenset(options.stop_token_ids)
-        decoder = self.tokenizer.incremental_decoder(keep)
-        decoder.seed(context)
-        stops = StopMatcher(options.stop)
-        pending: list[int] = []
-        probs: list[TokenLogprob] = []
-        count = 0
-        finish: FinishReason = "length"
-        tail = ""
-        inner = sampler.sampler if isinstance(sampler, ReasoningBudget) else sampler
-        follow = sampler.follow if isinstance(sampler, ReasoningBudget) or inner.constrained else None
-        for token in generate_tokens(self._decodable, prompt, sampler, follow):
-            count += 1
-            pending.append(token)
-            if options.logprobs is not None:
-                record = inner.logprobs.popleft()  # this token's (sampled in order)
-                if token not in stop_ids:
-                    probs.append(self._token_logprob(token, record))
-            if token in stop_ids:
-                finish = "stop"
-                tail = _flush_held(decoder, stops) + stops.flush()
-                break
-            text, hit = stops.feed(decoder.add(token))
-            if hit:
-                finish = "stop"
-                tail = text
-                break
-            if count >= max_tokens:
-                tail = text + _flush_held(decoder, stops) + stops.flush()
-                break
-            if text:
-                yield Piece(text, tuple(pending), logprobs=tuple(probs))
-                pending, probs = [], []
-        yield Piece(
-            tail, tuple(pending), finish_reason=finish, usage=Usage(len(prompt), count),
-            stop_sequence=stops.matched, logprobs=tuple(probs),
-        )
-
-    def _token_logprob(self, token: int, record: SampledLogprobs) -> TokenLogprob:
-        as_bytes = self.tokenizer.token_bytes
-        ids = cast(list[int], record.top_ids.tolist())
-        values = cast(list[float], record.top_logprobs.tolist())
-        return TokenLogprob(
-            token,
-            as_bytes(token),
-            float_item(record.logprob),
-            tuple(TopLogprob(i, as_bytes(i), v) for i, v in zip(ids, values, strict=True)),
-        )
-
     def _context_limit(self, options: GenerationOptions) -> int:
         limit = self.signature.context_length
         if options.context_limit is not None:
@@ -406,50 +388,168 @@ class Model:
         )
 
 
-def _reasoning(pieces: Iterator[Piece], splitter: ReasoningSplitter) -> Iterator[Piece]:
-    """The pieces with their text on its channel: reasoning inside the template's markers,
-    content after (a piece whose text spans both becomes two)."""
-    for piece in pieces:
-        last = piece.finish_reason is not None
-        runs = splitter.feed(piece.text) + (splitter.finish() if last else [])
-        runs = runs or [("content", "")]
-        for n, (channel, text) in enumerate(runs):
-            final = last and n == len(runs) - 1
-            yield replace(
-                piece, text=text, channel="reasoning" if channel == "reasoning" else "content",
-                token_ids=piece.token_ids if n == 0 else (),
-                logprobs=piece.logprobs if n == 0 else (),
-                finish_reason=piece.finish_reason if final else None,
-                usage=piece.usage if final else None,
-                stop_sequence=piece.stop_sequence if final else None,
-            )
+class Generation:
+    """One answer, built from its tokens as they come: `add` takes the next token and gives the
+    pieces it completes (text, reasoning, tool calls); `done` once the last piece, with
+    `finish_reason` and `usage`, is out. `prompt`, `sample` and `follow` are what a decode loop
+    needs (`follow`, when not None, must see each token before the next is sampled)."""
+
+    def __init__(
+        self,
+        prompt: list[int],
+        sample: Sampler | ReasoningBudget,
+        follow: Callable[[int], None] | None,
+        text: _Text,
+        splitter: ReasoningSplitter | None,
+        calls: _Calls | None,
+        needs_tokens: bool = True,
+    ) -> None:
+        self.prompt = prompt
+        self.needs_tokens = needs_tokens  # False: max_tokens is 0, add(None) gives the answer
+        self.sample = sample
+        self.follow = follow
+        self._text = text
+        self._splitter = splitter
+        self._calls = calls
+        self.done = False
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens a prefix cache supplied (reported in the usage)."""
+        return self._text.cached
+
+    @cached_tokens.setter
+    def cached_tokens(self, n: int) -> None:
+        self._text.cached = n
+
+    def add(self, token: int | None) -> list[Piece]:
+        """The pieces `token` completes (None: no token, the answer ends at its length limit)."""
+        if self.done:
+            return []
+        piece = self._text.add(token)
+        if piece is None:
+            return []
+        if token is None:
+            self.done = True
+            return [piece]
+        pieces = [piece] if self._splitter is None else _split(piece, self._splitter)
+        if self._calls is not None:
+            pieces = [p for q in pieces for p in self._calls.feed(q)]
+            self.done = self._calls.ended
+        self.done = self.done or piece.finish_reason is not None
+        return pieces
 
 
-def _tool_calls(
-    pieces: Iterator[Piece], parser: ToolCallParser, parallel: bool, prompt_tokens: int
-) -> Iterator[Piece]:
-    """The pieces with tool calls read out of their text (`Piece.tool_calls`); the answer ends
-    with finish_reason "tool_calls" when it ends after calls, and at a second call when only
-    one is allowed."""
-    generated = 0
-    for piece in pieces:
-        generated += len(piece.token_ids)
+class _Text:
+    """Tokens to text pieces: the detokenizer, end tokens, stop strings, the length limit and
+    log-probabilities; the last piece carries the finish reason and the usage."""
+
+    def __init__(
+        self, model: Model, prompt: list[int], sampler: Sampler, max_tokens: int,
+        options: GenerationOptions, context: list[int], keep: frozenset[int],
+    ) -> None:
+        self._model = model
+        self._prompt_tokens = len(prompt)
+        self._sampler = sampler
+        self._max_tokens = max_tokens
+        self._logprobs = options.logprobs is not None
+        self._stop_ids = model.tokenizer.eos_token_ids | frozenset(options.stop_token_ids)
+        self._decoder = model.tokenizer.incremental_decoder(keep)
+        self._decoder.seed(context)
+        self._stops = StopMatcher(options.stop)
+        self._pending: list[int] = []
+        self._probs: list[TokenLogprob] = []
+        self.count = 0
+        self.cached = 0
+
+    def usage(self, generated: int | None = None) -> Usage:
+        count = self.count if generated is None else generated
+        return Usage(self._prompt_tokens, count, self.cached)
+
+    def add(self, token: int | None) -> Piece | None:
+        if token is None:
+            return self._last("length", "")
+        self.count += 1
+        self._pending.append(token)
+        if self._logprobs:
+            record = self._sampler.logprobs.popleft()  # this token's (sampled in order)
+            if token not in self._stop_ids:
+                self._probs.append(_token_logprob(self._model.tokenizer, token, record))
+        if token in self._stop_ids:
+            return self._last("stop", self._flush_held() + self._stops.flush())
+        text, hit = self._stops.feed(self._decoder.add(token))
+        if hit:
+            return self._last("stop", text)
+        if self.count >= self._max_tokens:
+            return self._last("length", text + self._flush_held() + self._stops.flush())
+        if not text:
+            return None
+        piece = Piece(text, tuple(self._pending), logprobs=tuple(self._probs))
+        self._pending, self._probs = [], []
+        return piece
+
+    def _last(self, finish: FinishReason, tail: str) -> Piece:
+        return Piece(
+            tail, tuple(self._pending), finish_reason=finish, usage=self.usage(),
+            stop_sequence=self._stops.matched, logprobs=tuple(self._probs),
+        )
+
+    def _flush_held(self) -> str:
+        """Text the decoder still held back, run through the stop matcher one last time."""
+        text, _ = self._stops.feed(self._decoder.flush())
+        return text
+
+
+def _split(piece: Piece, splitter: ReasoningSplitter) -> list[Piece]:
+    """The piece with its text on its channel: reasoning inside the template's markers, content
+    after (a piece whose text spans both becomes two)."""
+    last = piece.finish_reason is not None
+    runs = splitter.feed(piece.text) + (splitter.finish() if last else [])
+    runs = runs or [("content", "")]
+    out: list[Piece] = []
+    for n, (channel, text) in enumerate(runs):
+        final = last and n == len(runs) - 1
+        out.append(replace(
+            piece, text=text, channel="reasoning" if channel == "reasoning" else "content",
+            token_ids=piece.token_ids if n == 0 else (),
+            logprobs=piece.logprobs if n == 0 else (),
+            finish_reason=piece.finish_reason if final else None,
+            usage=piece.usage if final else None,
+            stop_sequence=piece.stop_sequence if final else None,
+        ))
+    return out
+
+
+class _Calls:
+    """Tool calls read out of the pieces' text (`Piece.tool_calls`); the answer ends with
+    finish_reason "tool_calls" when it ends after calls, and at a second call when only one is
+    allowed (`ended`: the answer is over before its tokens are)."""
+
+    def __init__(self, parser: ToolCallParser, parallel: bool, text: _Text) -> None:
+        self._parser = parser
+        self._parallel = parallel
+        self._text = text
+        self._generated = 0
+        self.ended = False
+
+    def feed(self, piece: Piece) -> list[Piece]:
+        if self.ended:
+            return []
+        self._generated += len(piece.token_ids)
         last = piece.finish_reason is not None
+        out: list[Piece] = []
         if piece.channel == "reasoning" and not last:
-            yield piece  # calls are read from the answer, not its reasoning
-            continue
+            return [piece]  # calls are read from the answer, not its reasoning
         if piece.channel == "reasoning":
-            yield replace(piece, finish_reason=None, usage=None, stop_sequence=None)
+            out.append(replace(piece, finish_reason=None, usage=None, stop_sequence=None))
             piece = replace(piece, text="", token_ids=(), logprobs=(), channel="content")
+        parser = self._parser
         events = parser.feed(piece.text) + (parser.finish() if last else [])
-        if not parallel and any(isinstance(e, ToolCallDelta) and e.index > 0 for e in events):
+        if not self._parallel and any(isinstance(e, ToolCallDelta) and e.index > 0 for e in events):
             events = [e for e in events if not (isinstance(e, ToolCallDelta) and e.index > 0)]
             last = True  # a second call began: the answer ends before it
-            usage = piece.usage or Usage(prompt_tokens, generated)
+            usage = piece.usage or self._text.usage(self._generated)
             piece = replace(piece, finish_reason="stop", usage=usage)
-            close = getattr(pieces, "close", None)
-            if close is not None:
-                close()
         runs = _runs(events) or [[]]
         for n, run in enumerate(runs):
             final = last and n == len(runs) - 1
@@ -457,7 +557,7 @@ def _tool_calls(
             if finish == "stop" and parser.calls:
                 finish = "tool_calls"
             thought = bool(run) and isinstance(run[0], Thought)
-            yield Piece(
+            out.append(Piece(
                 "".join(e.text if isinstance(e, Thought) else e for e in run
                         if isinstance(e, str | Thought)),
                 piece.token_ids if n == 0 else (),
@@ -467,9 +567,21 @@ def _tool_calls(
                 stop_sequence=piece.stop_sequence if final else None,
                 logprobs=piece.logprobs if n == 0 else (),
                 tool_calls=tuple(e for e in run if isinstance(e, ToolCallDelta)),
-            )
-        if last:
-            return
+            ))
+        self.ended = last
+        return out
+
+
+def _token_logprob(tokenizer: Tokenizer, token: int, record: SampledLogprobs) -> TokenLogprob:
+    as_bytes = tokenizer.token_bytes
+    ids = cast(list[int], record.top_ids.tolist())
+    values = cast(list[float], record.top_logprobs.tolist())
+    return TokenLogprob(
+        token,
+        as_bytes(token),
+        float_item(record.logprob),
+        tuple(TopLogprob(i, as_bytes(i), v) for i, v in zip(ids, values, strict=True)),
+    )
 
 
 def _runs(events: list[Event]) -> list[list[Event]]:
@@ -481,12 +593,6 @@ def _runs(events: list[Event]) -> list[list[Event]]:
         else:
             runs.append([e])
     return runs
-
-
-def _flush_held(decoder: IncrementalDecoder, stops: StopMatcher) -> str:
-    """Text the decoder still held back, run through the stop matcher one last time."""
-    text, _ = stops.feed(decoder.flush())
-    return text
 
 
 def _bytes(module: nn.Module) -> int:

@@ -426,6 +426,7 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
     @property
     def total_tokens(self) -> int:
@@ -496,6 +497,9 @@ class Signature:
     outputs: frozenset[OutputType]
     options: Mapping[str, OptionSpec]
     context_length: int
+    # Whether generations share decode steps (continuous batching, `Batch`); a model that
+    # cannot batch still serves many requests, one after another.
+    batched: bool = True
 
     def check(self, options: GenerationOptions) -> None:
         """Raise InvalidOptionsError naming the first option set to something this model does not

@@ -48,6 +48,21 @@ class KVCache:
         self.values: mx.array | None = None
         self.offset = 0
 
+    @classmethod
+    def filled(cls, keys: mx.array, values: mx.array) -> KVCache:
+        """A cache holding `keys`, `values` [1, H, T, D] (T rows: a prefix cache's blocks, a
+        batch's row): the next update appends after them."""
+        cache = cls()
+        cache.keys, cache.values, cache.offset = keys, values, keys.shape[2]
+        return cache
+
+    def rows(self, start: int = 0, end: int | None = None) -> tuple[mx.array, mx.array]:
+        """Keys and values of rows [start, end) (default: every filled row), views."""
+        if self.keys is None or self.values is None:
+            raise ValueError("the cache is empty")
+        stop = self.offset if end is None else end
+        return self.keys[..., start:stop, :], self.values[..., start:stop, :]
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         n = keys.shape[2]
         prev = self.offset
@@ -152,3 +167,101 @@ class StaticKVCache:
 
     def arrays(self) -> list[mx.array]:
         return list(self.state.values())
+
+
+class BatchKVCache:
+    """One layer's keys and values for a batch of sequences of different lengths, decoded
+    together: row b holds its sequence's rows at [0, lengths[b]) of [B, H, capacity, D], and
+    each update writes every row at its own offset (`offset` is the [B] array a rope takes).
+    Attention sees the whole buffer and a mask of each row's filled part."""
+
+    step = 256
+
+    def __init__(self, keys: mx.array, values: mx.array, lengths: list[int]) -> None:
+        self.keys, self.values = keys, values
+        self.lengths = list(lengths)
+        self._offsets = mx.array(self.lengths, dtype=mx.int32)
+        self._start = self._offsets
+
+    @classmethod
+    def stack(cls, rows: list[tuple[mx.array, mx.array]]) -> BatchKVCache:
+        """A batch of the sequences whose keys and values [1, H, T_b, D] are `rows`."""
+        lengths = [k.shape[2] for k, _ in rows]
+        capacity = _rounded(max(lengths), cls.step)
+        keys = mx.concatenate([_padded(k, capacity) for k, _ in rows], axis=0)
+        values = mx.concatenate([_padded(v, capacity) for _, v in rows], axis=0)
+        return cls(keys, values, lengths)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def offset(self) -> mx.array:
+        """Each row's length, int32 [B]."""
+        return self._offsets
+
+    def append(self, keys: mx.array, values: mx.array) -> None:
+        """Add a sequence (keys, values [1, H, T, D]) as the last row."""
+        capacity = max(self.capacity, _rounded(keys.shape[2], self.step))
+        self.keys = mx.concatenate([_padded(self.keys, capacity), _padded(keys, capacity)])
+        self.values = mx.concatenate([_padded(self.values, capacity), _padded(values, capacity)])
+        self.lengths.append(keys.shape[2])
+        self._offsets = self._start = mx.array(self.lengths, dtype=mx.int32)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order; the buffer shrinks to what they need."""
+        self.lengths = [self.lengths[r] for r in rows]
+        capacity = min(self.capacity, _rounded(max(self.lengths, default=0), self.step))
+        index = mx.array(rows, dtype=mx.int32)
+        self.keys = self.keys[index, :, :capacity]
+        self.values = self.values[index, :, :capacity]
+        self._offsets = self._start = mx.array(self.lengths, dtype=mx.int32)
+
+    def row(self, b: int) -> tuple[mx.array, mx.array]:
+        """Row b's filled keys and values, [1, H, T_b, D] (views)."""
+        n = self.lengths[b]
+        return self.keys[b : b + 1, :, :n], self.values[b : b + 1, :, :n]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        n = keys.shape[2]
+        need = max(self.lengths) + n
+        if need > self.capacity:
+            capacity = _rounded(need, self.step)
+            self.keys, self.values = _padded(self.keys, capacity), _padded(self.values, capacity)
+        start = self._offsets
+        columns = start[:, None, None, None] + mx.arange(n, dtype=mx.int32)[None, None, :, None]
+        self.keys = mx.put_along_axis(
+            self.keys, mx.broadcast_to(columns, keys.shape), keys, axis=2
+        )
+        self.values = mx.put_along_axis(
+            self.values, mx.broadcast_to(columns, values.shape), values, axis=2
+        )
+        self._start = start
+        self._offsets = start + n
+        self.lengths = [length + n for length in self.lengths]
+        return self.keys, self.values
+
+    def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
+        """Boolean [B, 1, queries, keys]: each row's queries see its own filled rows only."""
+        q_pos = self._start[:, None, None, None] + mx.arange(queries)[None, None, :, None]
+        k_pos = mx.arange(keys)[None, None, None, :]
+        visible = k_pos <= q_pos
+        if window is not None:
+            visible = visible & (k_pos > q_pos - window)
+        return visible
+
+    def state(self) -> list[mx.array]:
+        return [self.keys, self.values, self._offsets]
+
+
+def _rounded(n: int, step: int) -> int:
+    return max(step, (n + step - 1) // step * step)
+
+
+def _padded(x: mx.array, capacity: int) -> mx.array:
+    """x [B, H, T, D] with zero rows appended up to `capacity` (x itself when it has them)."""
+    extra = capacity - x.shape[2]
+    if extra <= 0:
+        return x[:, :, :capacity] if extra < 0 else x
+    return mx.concatenate([x, mx.zeros((*x.shape[:2], extra, x.shape[3]), x.dtype)], axis=2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Protocol, cast, runtime_checkable
 
 import mlx.core as mx
@@ -156,12 +156,25 @@ class Decoding:
     compiled step (its traces) back to the network for the next sequence; a Decoding dropped
     without `close` hands it back then (otherwise every new sequence would trace it again)."""
 
-    def __init__(self, network: Network) -> None:
+    def __init__(self, network: Network, rows: Sequence[tuple[mx.array, mx.array]] = ()) -> None:
         self._network = network
         self._cache = network.make_cache()
         self._step: CompiledStep | None = None
         self._compile = compile_enabled(network)
         self.length = 0
+        if rows:  # a sequence taken over with its keys and values (a prefix, a batch's row)
+            self._cache = [KVCache.filled(k, v) for k, v in rows]
+            self.length = rows[0][0].shape[2]
+
+    def rows(self) -> list[tuple[mx.array, mx.array]]:
+        """Each layer's keys and values [1, H, length, D] so far (views; what `Decoding(network,
+        rows)` takes over)."""
+        if self._step is not None:
+            n = self._step.length
+            return [
+                (c.state["keys"][:, :, :n], c.state["values"][:, :, :n]) for c in self._step.caches
+            ]
+        return [c.rows() for c in self._cache]
 
     def feed(self, ids: Sequence[int], last_only: bool = False) -> mx.array:
         """Logits [len(ids), V] for `ids` following everything fed so far (lazy: evaluate them);
@@ -230,7 +243,7 @@ def generate_tokens(
     prompt_ids: list[int],
     sample: Callable[[mx.array], mx.array],
     follow: Callable[[int], None] | None = None,
-) -> Iterator[int]:
+) -> Generator[int]:
     """Yield sampled token ids forever (the caller decides when to stop): the prompt is
     prefilled, then each step is queued before the token before it is handed out.
 
@@ -254,7 +267,7 @@ def _generate_followed(
     prompt_ids: list[int],
     sample: Callable[[mx.array], mx.array],
     follow: Callable[[int], None],
-) -> Iterator[int]:
+) -> Generator[int]:
     """generate_tokens when sampling token t + 1 needs token t's value on the host (a grammar's
     mask): the forward for t + 1 is queued behind the (lazy) sample of t before the host waits
     for t's value, so the device goes on to it at once; `follow(t)` and the consumer's handling

@@ -73,6 +73,8 @@ class Gpt2Model(nn.Module):
 
     def __call__(self, ids: mx.array, cache: list[KVCache] | None) -> mx.array:
         offset = cache[0].offset if cache is not None else 0
+        if isinstance(offset, mx.array) and offset.ndim == 1:  # a batch: each row's own
+            offset = offset[:, None]
         positions = mx.arange(ids.shape[-1], dtype=mx.int32) + offset
         h = self.wte(ids) + self.wpe(positions)
         for i, block in enumerate(self.h):

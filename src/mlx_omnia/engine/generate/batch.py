@@ -1,0 +1,199 @@
+"""Many sequences decoded together: each step runs one forward for every running sequence (the
+weights are read once for all of them) and at most one chunk of a newcomer's prompt, so running
+streams keep flowing while a long prompt is prefilled.
+
+A sequence is prefilled alone (its own `Decoding`), then joins the batch: the batch's caches
+(`BatchKVCache`, a row a sequence) take its keys and values. A lone sequence decodes on its own
+`Decoding` (the compiled single-sequence step and its kernels); the batch's caches are built when
+a second one joins and given back to a `Decoding` when one is left. Each sequence keeps its own
+sampler (options, penalties, bias, grammar) and is sampled from its own row of logits."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import mlx.core as mx
+
+from mlx_omnia.engine.core.cache import BatchKVCache, KVCache
+from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async
+from mlx_omnia.engine.generate.loop import Decoding, Network, prefill_chunk
+
+Rows = list[tuple[mx.array, mx.array]]  # each layer's keys and values of one sequence
+
+
+def batchable(network: Network) -> bool:
+    """Whether sequences of this network can share a step: its caches are the plain KVCache
+    (the batch's rows take theirs over) and the family does not opt out (`batchable = False`)."""
+    return getattr(network, "batchable", True) and all(
+        type(c) is KVCache for c in network.make_cache()
+    )
+
+
+@dataclass(eq=False)  # a sequence is itself: found in the batch by identity
+class BatchSequence:
+    """One sequence: its prompt, how it samples, and where it stands."""
+
+    prompt: list[int]
+    sample: Callable[[mx.array], mx.array]
+    follow: Callable[[int], None] | None = None
+    fed: int = 0  # prompt tokens in the cache (a prefix cache's, then prefilled)
+    decoding: Decoding | None = None  # while prefilling, or decoding alone
+    token: mx.array | None = None  # sampled, not yet handed out
+    emitted: list[int] = field(default_factory=list[int])
+    failed: Exception | None = None  # its sampler or grammar failed: it takes no more steps
+
+
+class BatchDecoding:
+    """The sequences being decoded together. `add` a sequence (optionally with a cached prefix of
+    its prompt), call `step` for tokens, `remove` a sequence when its consumer is done with it."""
+
+    def __init__(self, network: Network) -> None:
+        self._network = network
+        self.waiting: deque[BatchSequence] = deque()
+        self.running: list[BatchSequence] = []
+        self._caches: list[BatchKVCache] | None = None
+        # sequences of a network that cannot batch run one after another
+        self.limit = None if batchable(network) else 1
+        self.joined: list[BatchSequence] = []  # prefilled at the last step
+
+    def add(
+        self,
+        prompt: Sequence[int],
+        sample: Callable[[mx.array], mx.array],
+        follow: Callable[[int], None] | None = None,
+        prefix: Rows | None = None,
+    ) -> BatchSequence:
+        """Queue a sequence; `prefix` holds its prompt's first tokens' keys and values (at least
+        one prompt token must be left to prefill)."""
+        if not prompt:
+            raise ValueError("cannot generate from an empty prompt")
+        seq = BatchSequence(list(prompt), sample, follow)
+        if prefix:
+            seq.decoding = Decoding(self._network, prefix)
+            seq.fed = seq.decoding.length
+            if seq.fed >= len(seq.prompt):
+                raise ValueError("a cached prefix must leave a prompt token to prefill")
+        self.waiting.append(seq)
+        return seq
+
+    def remove(self, seq: BatchSequence) -> None:
+        """Drop a sequence (finished or cancelled), wherever it is."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            index = self.running.index(seq)
+            self.running.pop(index)
+            if self._caches is not None:
+                keep = [i for i in range(len(self.running) + 1) if i != index]
+                for cache in self._caches:
+                    cache.keep(keep)
+                if len(self.running) == 1:
+                    self._go_alone()
+        if seq.decoding is not None:
+            seq.decoding.close()
+            seq.decoding = None
+
+    def rows(self, seq: BatchSequence) -> Rows:
+        """A running sequence's keys and values so far (views), e.g. for a prefix cache."""
+        if seq.decoding is not None:
+            return seq.decoding.rows()
+        if self._caches is None or seq not in self.running:
+            raise ValueError("the sequence is not decoding")
+        b = self.running.index(seq)
+        return [c.row(b) for c in self._caches]
+
+    def step(self) -> list[tuple[BatchSequence, int | Exception]]:
+        """One step: the running sequences' next forward is queued, then the tokens sampled at
+        the last step are read and handed out (a grammar follows each before its next sample);
+        then one prompt chunk of the first waiting sequence runs. A sequence whose sampler or
+        grammar fails gets the error instead of a token (the others go on): remove it."""
+        out: list[tuple[BatchSequence, int | Exception]] = []
+        self.joined = []
+        running = [s for s in self.running if s.failed is None]
+        if running:
+            logits = self._forward()
+            tokens = [cast(mx.array, s.token) for s in running]
+            values = cast(list[int], mx.stack(tokens).tolist())
+            sampled: list[mx.array] = []
+            for seq, value in zip(running, values, strict=True):
+                seq.emitted.append(value)
+                out.append((seq, value))
+                try:
+                    if seq.follow is not None:
+                        seq.follow(value)
+                    seq.token = seq.sample(logits[self.running.index(seq)])
+                    sampled.append(seq.token)
+                except Exception as e:  # this sequence's grammar or sampler: it alone stops
+                    seq.failed = e
+                    out.append((seq, e))
+            evaluate_async(sampled)
+        if self.waiting and (self.limit is None or len(self.running) < self.limit):
+            seq = self.waiting[0]
+            try:
+                self._prefill_chunk(seq)
+            except Exception as e:  # its sampler or grammar failed on the first token
+                seq.failed = e
+                self.remove(seq)
+                out.append((seq, e))
+        return out
+
+    # -- internals ---------------------------------------------------------------------------
+    def _forward(self) -> mx.array:
+        """Logits [B, V] for the running sequences' last tokens (queued on the device)."""
+        if len(self.running) == 1 and self.running[0].decoding is not None:
+            seq = self.running[0]
+            decoding = seq.decoding
+            assert decoding is not None
+            logits = decoding.step(cast(mx.array, seq.token)[None, None])[None]
+            evaluate_async([logits, *decoding.state()])
+            return logits
+        caches = cast(list[BatchKVCache], self._caches)
+        ids = mx.stack([cast(mx.array, s.token) for s in self.running])[:, None]
+        logits = self._network(ids, cast(list[KVCache], caches))[:, -1, :]
+        evaluate_async([logits, *(a for c in caches for a in c.state())])
+        return logits
+
+    def _prefill_chunk(self, seq: BatchSequence) -> None:
+        if seq.decoding is None:
+            seq.decoding = Decoding(self._network)
+        end = min(len(seq.prompt), seq.fed + prefill_chunk())
+        logits = seq.decoding.feed(seq.prompt[seq.fed : end], last_only=True)
+        seq.fed = end
+        if end < len(seq.prompt):
+            evaluate(seq.decoding.state())
+            return
+        seq.token = seq.sample(logits[-1])
+        self.waiting.popleft()
+        evaluate_async(seq.token)
+        self._join(seq)
+        self.joined.append(seq)
+
+    def _join(self, seq: BatchSequence) -> None:
+        """A prefilled sequence joins the running ones."""
+        self.running.append(seq)
+        if len(self.running) == 1:
+            return  # alone: it decodes on its Decoding
+        decoding = seq.decoding
+        assert decoding is not None
+        if self._caches is None:  # the one decoding alone hands its rows to the batch
+            first = self.running[0]
+            assert first.decoding is not None
+            self._caches = [BatchKVCache.stack([row]) for row in first.decoding.rows()]
+            first.decoding.close()
+            first.decoding = None
+        for cache, (keys, values) in zip(self._caches, decoding.rows(), strict=True):
+            cache.append(keys, values)
+        evaluate([a for c in self._caches for a in c.state()])
+        decoding.close()
+        seq.decoding = None
+
+    def _go_alone(self) -> None:
+        """One sequence is left: it takes its row back to a Decoding of its own."""
+        caches = cast(list[BatchKVCache], self._caches)
+        rows = [c.row(0) for c in caches]
+        evaluate([a for r in rows for a in r])
+        self.running[0].decoding = Decoding(self._network, rows)
+        self._caches = None
