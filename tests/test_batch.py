@@ -1,0 +1,141 @@
+"""Continuous batching (`Batch`): answers decoded together equal each answer decoded alone, token
+for token, for a dense, a MoE, a sliding-window and an MLA family; requests join and leave at any
+step; each keeps its own options; cancelling one leaves the others untouched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from mlx_omnia import Batch, Chat, Constraint, Generation, GenerationOptions, Model, Piece, load
+from tests.fixtures import parity
+
+PROMPTS = [
+    "Hello there",
+    "The quick brown fox jumps over",
+    "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 2,
+    "Once",
+]
+
+
+def drive(
+    batch: Batch, joins: dict[int, Callable[[], Generation]]
+) -> tuple[dict[Generation, list[Piece]], int]:
+    """Step the batch to the end, adding joins[n]() before step n; every generation's pieces
+    and the most generations that decoded in one step."""
+    out: dict[Generation, list[Piece]] = {}
+    widest, n = 0, 0
+    while len(batch) or n in joins or any(k > n for k in joins):
+        if n in joins:
+            out[joins[n]()] = []
+        for generation, event in batch.step():
+            assert not isinstance(event, Exception), event
+            out.setdefault(generation, []).extend(event)
+        widest = max(widest, batch.running)
+        n += 1
+    return out, widest
+
+
+def ask(text: str) -> Chat:
+    return Chat([{"role": "user", "content": text}])
+
+
+def tokens(pieces: list[Piece]) -> tuple[int, ...]:
+    return tuple(t for p in pieces for t in p.token_ids)
+
+
+@pytest.mark.parametrize(
+    "variant", ["llama-default", "qwen3_moe-sparse", "mistral-sliding", "deepseek_v2-lite"]
+)
+def test_batched_greedy_equals_each_alone(variant: str) -> None:
+    model = load(parity.checkpoint_dir(variant, "v5"), dtype="float32")
+    # different lengths: they leave at different steps; joins come while others decode
+    limits = [24, 9, 17, 30]
+    alone = [
+        model.generate(p, GenerationOptions(max_tokens=n)).token_ids
+        for p, n in zip(PROMPTS, limits, strict=True)
+    ]
+    batch = Batch(model)
+    order: list[Generation] = []
+
+    def join(i: int) -> Callable[[], Generation]:
+        def add() -> Generation:
+            order.append(batch.add(PROMPTS[i], GenerationOptions(max_tokens=limits[i])))
+            return order[-1]
+
+        return add
+
+    out, widest = drive(batch, {0: join(0), 3: join(1), 5: join(2), 6: join(3)})
+    assert widest >= 3
+    assert [tokens(out[g]) for g in order] == alone
+    assert all(out[g][-1].finish_reason == "length" for g in order)
+
+
+def test_a_family_that_cannot_batch_answers_one_at_a_time() -> None:
+    model = load(parity.checkpoint_dir("phi3-longrope", "v5"), dtype="float32")
+    assert not model.signature.batched
+    options = GenerationOptions(max_tokens=12)
+    alone = [model.generate(p, options).token_ids for p in PROMPTS]
+    batch = Batch(model)
+    order = [batch.add(p, options) for p in PROMPTS]
+    out, widest = drive(batch, {})
+    assert widest == 1
+    assert [tokens(out[g]) for g in order] == alone
+
+
+def test_each_generation_keeps_its_own_options(smollm2: Model) -> None:
+    chats = [ask(f"Name {n} animals that live in the sea.") for n in (3, 4, 5, 6, 7)]
+    options = [
+        GenerationOptions(max_tokens=30),
+        GenerationOptions(max_tokens=30, stop=["whale", "."]),
+        GenerationOptions(max_tokens=25, temperature=0.8, top_p=0.9, seed=7, logprobs=3),
+        GenerationOptions(max_tokens=30, logit_bias={504: -100.0}, repetition_penalty=1.3),
+        GenerationOptions(max_tokens=40, constraint=Constraint.regex(r"(Fish|Crab|Squid)( (Fish|Crab|Squid)){2,4}")),
+    ]
+    alone = [smollm2.generate(c, o) for c, o in zip(chats, options, strict=True)]
+    batch = Batch(smollm2)
+    order = [batch.add(c, o) for c, o in zip(chats, options, strict=True)]
+    out, widest = drive(batch, {})
+    assert widest >= 4
+    for g, solo in zip(order, alone, strict=True):
+        pieces = out[g]
+        assert "".join(p.text for p in pieces) == solo.text
+        assert tokens(pieces) == solo.token_ids
+        assert pieces[-1].finish_reason == solo.finish_reason
+        assert pieces[-1].usage == solo.usage
+    sampled = [lp for p in out[order[2]] for lp in p.logprobs]
+    assert [lp.token_id for lp in sampled] == [lp.token_id for lp in alone[2].logprobs]
+    for got, want in zip(sampled, alone[2].logprobs, strict=True):
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-3)
+    assert alone[4].text.split()[0] in {"Fish", "Crab", "Squid"}
+
+
+def test_cancelling_one_leaves_the_others_untouched(smollm2: Model) -> None:
+    chats = [ask("Write a short poem about the moon."), ask("Count from one to ten."),
+             ask("What is the capital of France?")]
+    options = GenerationOptions(max_tokens=24)
+    alone = [smollm2.generate(c, options).token_ids for c in chats]
+    batch = Batch(smollm2)
+    order = [batch.add(c, options) for c in chats]
+    out: dict[Generation, list[Piece]] = {g: [] for g in order}
+    steps = 0
+    while len(batch):
+        for generation, event in batch.step():
+            assert not isinstance(event, Exception)
+            out[generation].extend(event)
+        steps += 1
+        if steps == 8:
+            batch.cancel(order[1])
+    assert tokens(out[order[0]]) == alone[0]
+    assert tokens(out[order[2]]) == alone[2]
+    assert 0 < len(tokens(out[order[1]])) < len(alone[1])
+    assert all(p.finish_reason is None for p in out[order[1]])
+
+
+def test_max_tokens_zero_is_answered_without_a_step(smollm2: Model) -> None:
+    batch = Batch(smollm2)
+    g = batch.add("Hi", GenerationOptions(max_tokens=0))
+    [(generation, pieces)] = batch.step()
+    assert generation is g and not isinstance(pieces, Exception)
+    assert pieces[-1].finish_reason == "length" and len(batch) == 0
