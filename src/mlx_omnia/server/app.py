@@ -52,7 +52,9 @@ def _presented_key(request: Request) -> str | None:
 
 def create_app(settings: Settings, *, manager: ModelManager | None = None) -> FastAPI:
     manager = manager or ModelManager(settings)
-    scheduler = Scheduler(manager, max_queue=settings.max_queue)
+    scheduler = Scheduler(
+        manager, max_queue=settings.max_queue, max_concurrent=settings.max_concurrent
+    )
     state = ServerState(settings, manager, scheduler)
     metrics = Metrics(manager)
     metrics.attach(scheduler)

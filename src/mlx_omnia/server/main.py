@@ -31,12 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-limit", type=parse_size, default=None, help="e.g. 12G")
     parser.add_argument("--idle-ttl", type=float, default=30 * 60.0, help="seconds")
     parser.add_argument("--max-queue", type=int, default=64)
+    parser.add_argument("--max-concurrent", type=int, default=8,
+                        help="generations of one model decoded together (continuous batching)")
     parser.add_argument("--cors-origin", action="append", default=[])
     parser.add_argument("--max-body", type=parse_size, default=None, help="request body limit, e.g. 8M")
     args = parser.parse_args(argv)
 
     settings = Settings(host=args.host, port=args.port, api_key=args.api_key, idle_ttl=args.idle_ttl,
-                        max_queue=args.max_queue, cors_origins=tuple(args.cors_origin), model=args.model)
+                        max_queue=args.max_queue, max_concurrent=args.max_concurrent, cors_origins=tuple(args.cors_origin), model=args.model)
     if args.memory_limit is not None:
         settings.memory_limit = args.memory_limit
     if args.max_body is not None:

@@ -45,8 +45,10 @@ class _Live(Collector):
         depth = GaugeMetricFamily("omnia_queue_depth", "Generation requests waiting in the queue")
         depth.add_metric([], scheduler.depth if scheduler is not None else 0)
         yield depth
-        running = GaugeMetricFamily("omnia_running_requests", "Generations running now (0 or 1)")
-        running.add_metric([], 1 if scheduler is not None and scheduler.running is not None else 0)
+        running = GaugeMetricFamily(
+            "omnia_running_requests", "Generations running now (decoding together, all models)"
+        )
+        running.add_metric([], len(scheduler.running) if scheduler is not None else 0)
         yield running
         resident = self.manager.resident()
         count = GaugeMetricFamily("omnia_resident_models", "Models loaded in memory")

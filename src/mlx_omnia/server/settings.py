@@ -24,6 +24,7 @@ class Settings:
     memory_limit: int = field(default_factory=default_memory_limit)
     idle_ttl: float = 30 * 60.0
     max_queue: int = 64
+    max_concurrent: int = 8  # generations of one model decoded together (continuous batching)
     cors_origins: tuple[str, ...] = ()
     model: str | None = None  # preloaded at start
     max_body_bytes: int = 8 * 1024 * 1024
