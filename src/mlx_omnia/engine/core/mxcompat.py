@@ -22,6 +22,14 @@ def load_safetensors(path: str | Path) -> dict[str, mx.array]:
     return cast(dict[str, mx.array], loaded)
 
 
+def load_safetensors_with_metadata(path: str | Path) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """Load a safetensors file's tensors and its `__metadata__` string map."""
+    loaded: Any = mx.load(str(path), format="safetensors", return_metadata=True)
+    if not isinstance(loaded, tuple):
+        raise TypeError(f"{path}: expected tensors and metadata")
+    return cast(tuple[dict[str, mx.array], dict[str, str]], loaded)
+
+
 def load_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     """Load a GGUF file's tensors (Q4_0/Q4_1/Q8_0 become affine-quantized triples) and metadata."""
     loaded: Any = mx.load(str(path), format="gguf", return_metadata=True)
