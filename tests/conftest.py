@@ -15,6 +15,16 @@ if os.environ.get("OMNIA_TEST_PTX_CACHE") and os.environ.get("PYTEST_XDIST_WORKE
         os.environ["OMNIA_TEST_PTX_CACHE"], os.environ["PYTEST_XDIST_WORKER"]
     )
 
+# Servers started by tests keep their prefix cache's disk tier in a directory of this session,
+# never in the user's cache (subprocess servers inherit it).
+if "OMNIA_PREFIX_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["OMNIA_PREFIX_DIR"] = tempfile.mkdtemp(prefix="omnia-prefix-")
+    atexit.register(shutil.rmtree, os.environ["OMNIA_PREFIX_DIR"], True)
+
 # The engine first: it loads the system OpenBLAS before anything imports mlx.core
 # (engine/blas.py), as a user's `import mlx_omnia` does; a test module importing mlx.core
 # first would leave the whole session on MLX's reference BLAS.

@@ -20,6 +20,7 @@ from mlx_omnia.engine.errors import (
     UnsupportedModelError,
 )
 from mlx_omnia.engine.generate.loop import Decoding
+from mlx_omnia.engine.generate.prefix import PrefixCache, PrefixStats, default_prefix_dir
 from mlx_omnia.engine.loading import load
 from mlx_omnia.engine.loading.cache import (
     CachedModel,
@@ -72,6 +73,8 @@ __all__ = [
     "OmniaError",
     "OptionSpec",
     "Piece",
+    "PrefixCache",
+    "PrefixStats",
     "PullProgress",
     "Signature",
     "TextPart",
@@ -83,6 +86,7 @@ __all__ = [
     "UnsupportedModelError",
     "Usage",
     "cached_models",
+    "default_prefix_dir",
     "delete_cached",
     "embedded_model",
     "estimate_memory",

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import Scope
 
-from mlx_omnia import OmniaError
+from mlx_omnia import OmniaError, PrefixCache, default_prefix_dir
 from mlx_omnia.server import admin, webapp
 from mlx_omnia.server.dialects import anthropic, gemini, openai
 from mlx_omnia.server.dialects.errors import (
@@ -52,8 +52,15 @@ def _presented_key(request: Request) -> str | None:
 
 def create_app(settings: Settings, *, manager: ModelManager | None = None) -> FastAPI:
     manager = manager or ModelManager(settings)
+    prefix_cache = None
+    if settings.prefix_memory > 0 or settings.prefix_disk > 0:
+        prefix_cache = PrefixCache(
+            block_tokens=settings.prefix_block, memory_bytes=settings.prefix_memory,
+            disk_dir=settings.prefix_dir or default_prefix_dir(), disk_bytes=settings.prefix_disk,
+        )
     scheduler = Scheduler(
-        manager, max_queue=settings.max_queue, max_concurrent=settings.max_concurrent
+        manager, max_queue=settings.max_queue, max_concurrent=settings.max_concurrent,
+        prefix_cache=prefix_cache,
     )
     state = ServerState(settings, manager, scheduler)
     metrics = Metrics(manager)
@@ -71,6 +78,8 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
         yield
         reaper.cancel()
         scheduler.stop()
+        if prefix_cache is not None:
+            prefix_cache.close()  # queued blocks reach the disk before the process ends
 
     app = FastAPI(title="mlx-omnia", lifespan=lifespan)
     app.state.omnia = state

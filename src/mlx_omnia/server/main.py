@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-queue", type=int, default=64)
     parser.add_argument("--max-concurrent", type=int, default=8,
                         help="generations of one model decoded together (continuous batching)")
+    parser.add_argument("--prefix-cache-memory", type=parse_size, default=None,
+                        help="memory for cached prompt prefixes, e.g. 2G (0: off)")
+    parser.add_argument("--prefix-cache-disk", type=parse_size, default=None,
+                        help="disk for cached prompt prefixes, e.g. 8G (0: off)")
+    parser.add_argument("--prefix-cache-dir", default=None,
+                        help="where the disk tier lives (default: the platform's cache dir)")
     parser.add_argument("--cors-origin", action="append", default=[])
     parser.add_argument("--max-body", type=parse_size, default=None, help="request body limit, e.g. 8M")
     args = parser.parse_args(argv)
@@ -41,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
                         max_queue=args.max_queue, max_concurrent=args.max_concurrent, cors_origins=tuple(args.cors_origin), model=args.model)
     if args.memory_limit is not None:
         settings.memory_limit = args.memory_limit
+    if args.prefix_cache_memory is not None:
+        settings.prefix_memory = args.prefix_cache_memory
+    if args.prefix_cache_disk is not None:
+        settings.prefix_disk = args.prefix_cache_disk
+    if args.prefix_cache_dir is not None:
+        settings.prefix_dir = Path(args.prefix_cache_dir)
     if args.max_body is not None:
         settings.max_body_bytes = args.max_body
     if args.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:

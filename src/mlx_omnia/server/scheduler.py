@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from mlx_omnia import Batch, Chat, Generation, GenerationOptions, OmniaError, Piece
+from mlx_omnia import Batch, Chat, Generation, GenerationOptions, OmniaError, Piece, PrefixCache
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.manager import ModelManager, Resident
 
@@ -69,7 +69,7 @@ class Scheduler:
         *,
         max_queue: int,
         max_concurrent: int = 8,
-        prefix_cache: Any = None,
+        prefix_cache: PrefixCache | None = None,
         on_piece: PieceHook | None = None,
     ):
         self.manager = manager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass, field
 
 
@@ -25,6 +26,12 @@ class Settings:
     idle_ttl: float = 30 * 60.0
     max_queue: int = 64
     max_concurrent: int = 8  # generations of one model decoded together (continuous batching)
+    # The prefix cache: blocks of prompt keys/values in memory and on disk (0 turns a tier off);
+    # prefix_dir None is the platform's cache dir (mlx_omnia.default_prefix_dir).
+    prefix_memory: int = 2 * 1024**3
+    prefix_disk: int = 8 * 1024**3
+    prefix_dir: Path | None = None
+    prefix_block: int = 256
     cors_origins: tuple[str, ...] = ()
     model: str | None = None  # preloaded at start
     max_body_bytes: int = 8 * 1024 * 1024

@@ -52,8 +52,11 @@ _CODES: dict[mx.Dtype, str] = {
 
 
 def default_prefix_dir() -> Path:
-    """The per-user prefix cache directory: ~/Library/Caches/mlx-omnia/prefix on macOS, else
-    $XDG_CACHE_HOME/mlx-omnia/prefix (~/.cache/mlx-omnia/prefix)."""
+    """The per-user prefix cache directory: $OMNIA_PREFIX_DIR when set, else
+    ~/Library/Caches/mlx-omnia/prefix on macOS, $XDG_CACHE_HOME/mlx-omnia/prefix
+    (~/.cache/mlx-omnia/prefix) elsewhere."""
+    if os.environ.get("OMNIA_PREFIX_DIR"):
+        return Path(os.environ["OMNIA_PREFIX_DIR"])
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches" / "mlx-omnia" / "prefix"
     cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
