@@ -104,7 +104,8 @@ class LongStream:
 
 @pytest.fixture
 def long_server(long_model: Path, broken_model: Path) -> Iterator[LiveServer]:
-    with server_with(Settings(max_queue=1), long_model, broken_model) as server:
+    # one generation at a time: a second request waits in the queue of one slot
+    with server_with(Settings(max_queue=1, max_concurrent=1), long_model, broken_model) as server:
         yield server
 
 
@@ -225,9 +226,9 @@ def test_client_leaving_mid_stream_stops_its_generation(long_server: LiveServer)
     stream = LongStream(server)
     stream.close()
     deadline = time.monotonic() + 10
-    while server.state.scheduler.running is not None and time.monotonic() < deadline:
+    while server.state.scheduler.running and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert server.state.scheduler.running is None
+    assert not server.state.scheduler.running
     stopped_at = completion_tokens(server, "tiny-long")
     time.sleep(0.3)
     assert completion_tokens(server, "tiny-long") == stopped_at  # nothing more is generated
@@ -275,7 +276,7 @@ def test_a_failing_request_does_not_disturb_a_running_one(long_server: LiveServe
     thread = threading.Thread(target=run_long, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while server.state.scheduler.running is None and time.monotonic() < deadline:
+    while not server.state.scheduler.running and time.monotonic() < deadline:
         time.sleep(0.005)
     # A model that cannot load fails alone, and so does a request with bad input.
     with pytest.raises(openai.BadRequestError) as info:
@@ -298,3 +299,59 @@ def test_a_failing_request_does_not_disturb_a_running_one(long_server: LiveServe
         logit_bias=NO_EOS,
     )
     assert text == alone.choices[0].message.content
+
+
+def test_streams_decode_together_and_one_leaving_leaves_the_others(long_model: Path) -> None:
+    """Three long streams run in one batch (none waits in the queue); a client that leaves drops
+    out of the batch at the next step while the other two keep streaming, and a short request
+    joins the running batch and is answered while they go on."""
+    with server_with(Settings(max_concurrent=4), long_model) as server:
+        streams = [LongStream(server) for _ in range(3)]
+        try:
+            deadline = time.monotonic() + 20
+            while len(server.state.scheduler.running) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(server.state.scheduler.running) == 3
+            assert server.state.scheduler.depth == 0
+            streams[1].close()
+            deadline = time.monotonic() + 10
+            while len(server.state.scheduler.running) > 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(server.state.scheduler.running) == 2
+            before = [s.chunks for s in (streams[0], streams[2])]
+            r = oai(server).chat.completions.create(
+                model="tiny-long", messages=[{"role": "user", "content": "short"}], max_tokens=5,
+                temperature=0, logit_bias=NO_EOS,
+            )
+            assert r.usage is not None and r.usage.completion_tokens == 5
+            deadline = time.monotonic() + 10
+            while (min(streams[0].chunks - before[0], streams[2].chunks - before[1]) < 5
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+            assert streams[0].chunks > before[0] + 4 and streams[2].chunks > before[1] + 4
+            assert not (streams[0].finished or streams[2].finished)
+        finally:
+            for s in streams:
+                s.close()
+
+
+def test_max_concurrent_bounds_a_models_batch(long_model: Path) -> None:
+    with server_with(Settings(max_concurrent=2), long_model) as server:
+        streams = [LongStream(server) for _ in range(2)]
+        waiter: list[httpx.Response] = []
+        thread = threading.Thread(target=lambda: waiter.append(httpx.post(
+            f"{server.url}/api/openai/v1/chat/completions", timeout=60,
+            json={"model": "tiny-long", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        )), daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while server.state.scheduler.depth < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.state.scheduler.depth == 1 and len(server.state.scheduler.running) == 2
+            streams[0].close()  # a place in the batch frees: the waiting request joins
+            thread.join(timeout=30)
+            assert waiter and waiter[0].status_code == 200
+        finally:
+            for s in streams:
+                s.close()

@@ -48,7 +48,8 @@ def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def server(long_model: Path) -> Iterator[LiveServer]:
-    with live_server(Settings(), models=[long_model]) as live:
+    # one generation at a time: the others wait in the queue, whose behaviour these tests pin
+    with live_server(Settings(max_concurrent=1), models=[long_model]) as live:
         yield live
 
 
@@ -106,9 +107,9 @@ def test_queued_requests_whose_clients_left_are_never_generated(server: LiveServ
     for sock in queued:
         sock.close()
     wait_for(lambda: server.state.scheduler.depth == 0, "the abandoned requests to leave")
-    assert server.state.scheduler.running is first  # they left the queue, not ran
+    assert server.state.scheduler.running == first  # they left the queue, not ran
     running.close()
-    wait_for(lambda: server.state.scheduler.running is None, "the server to be idle")
+    wait_for(lambda: not server.state.scheduler.running, "the server to be idle")
     stopped_at = completion_tokens(server)
     assert 0 < stopped_at < LONG / 2  # only the running stream's tokens
     r = httpx.get(f"{server.url}/admin/status", timeout=DEADLINE).json()
@@ -133,7 +134,7 @@ def test_a_non_streaming_client_that_leaves_stops_its_generation(
     sock = send_raw(server, path, body)
     wait_for(lambda: completion_tokens(server) > 0, "the generation to decode")
     sock.close()
-    wait_for(lambda: server.state.scheduler.running is None, "the generation to stop")
+    wait_for(lambda: not server.state.scheduler.running, "the generation to stop")
     assert completion_tokens(server) < LONG / 2
 
 
@@ -471,7 +472,7 @@ def test_a_cors_preflight_needs_no_key(long_model: Path) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_every_429_carries_an_integer_retry_after(long_model: Path, stream: bool) -> None:
-    with live_server(Settings(max_queue=1), models=[long_model]) as server:
+    with live_server(Settings(max_queue=1, max_concurrent=1), models=[long_model]) as server:
         path, body = long_requests(stream=True)[0]
         running = send_raw(server, path, body)
         wait_for(lambda: completion_tokens(server) > 0, "the running stream to decode")
