@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from mlx_omnia import GenerationOptions, Piece, Signature, Usage, generation_options
+from mlx_omnia import Model, generation_options, load
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.settings import Settings
+from tests.fixtures.tiny import write_tiny_llama
 from tests.server_harness import LiveServer, live_server
 
 MODEL = "narrow"
@@ -22,30 +24,24 @@ OPENAI = "/api/openai/v1"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-class _Narrow:
-    """A stand-in model of 100 tokens whose signature does not honour temperature."""
-
-    nbytes = 0
-    signature = Signature(
-        inputs=frozenset({"text"}),
-        outputs=frozenset({"text"}),
+def _narrow(path: Path) -> Model:
+    """A real tiny model whose signature narrows what it takes: token ids bounded at 100 and no
+    temperature (the server must name what a model's signature refuses)."""
+    model = load(path)
+    model.signature = replace(
+        model.signature,
         options={k: v for k, v in generation_options(100).items() if k != "temperature"},
         context_length=64,
     )
-
-    def encode(self, input: Any) -> list[int]:
-        return [1, 2, 3]
-
-    def stream(self, input: Any, options: GenerationOptions | None = None) -> Iterator[Piece]:
-        self.signature.check(options or GenerationOptions())
-        return iter([Piece("ok", (5,), finish_reason="stop", usage=Usage(3, 1))])
+    return model
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[LiveServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     settings = Settings()
-    manager = ModelManager(settings, loader=lambda ref: _Narrow())  # type: ignore[arg-type, return-value]
-    manager.add_alias(Path(MODEL))  # served under that name; the fake loader reads no files
+    path = write_tiny_llama(tmp_path_factory.mktemp("narrow") / MODEL)
+    manager = ModelManager(settings, loader=lambda ref: _narrow(path))
+    manager.add_alias(path)
     with live_server(settings, manager) as s:
         yield s
 
@@ -154,9 +150,8 @@ def test_options_the_model_takes_generate(server: LiveServer) -> None:
     path, body = _chat(top_p=0.5, logit_bias={"99": 1}, max_tokens=1)
     r = httpx.post(server.url + path, json=body, timeout=30)
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == "ok"
-    path, body = _gemini(topK=3)
+    assert r.json()["usage"]["completion_tokens"] == 1
+    path, body = _gemini(topK=3, maxOutputTokens=2)
     r = httpx.post(server.url + path.replace("generateContent", "streamGenerateContent"), json=body)
-    assert r.status_code == 200 and json.loads(r.text)[0]["candidates"][0]["content"]["parts"] == [
-        {"text": "ok"}
-    ]
+    assert r.status_code == 200, r.text
+    assert json.loads(r.text)[-1]["usageMetadata"]["candidatesTokenCount"] == 2

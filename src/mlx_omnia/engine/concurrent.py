@@ -91,7 +91,13 @@ class Batch:
                 events.append((generation, value))
                 self._end(generation)
                 continue
-            pieces.setdefault(generation, []).extend(generation.add(value))
+            try:
+                pieces.setdefault(generation, []).extend(generation.add(value))
+            except Exception as e:  # this answer's detokenizer, parser...: it alone ends
+                events.append((generation, e))
+                pieces.pop(generation, None)
+                self._end(generation)
+                continue
             if generation.done:
                 self._end(generation)
         for seq in self._decoding.joined:

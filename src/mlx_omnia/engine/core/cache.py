@@ -169,66 +169,24 @@ class StaticKVCache:
         return list(self.state.values())
 
 
-class BatchKVCache:
-    """One layer's keys and values for a batch of sequences of different lengths, decoded
-    together: row b holds its sequence's rows at [0, lengths[b]) of [B, H, capacity, D], and
-    each update writes every row at its own offset (`offset` is the [B] array a rope takes).
-    Attention sees the whole buffer and a mask of each row's filled part."""
+class BatchRows:
+    """One layer's keys and values for a batch of sequences of different lengths, as a decode
+    step sees them: row b holds its sequence's rows at [0, offset[b]) of [B, H, capacity, D],
+    and an update writes every row at its own offset (`offset` is the [B] array a rope takes).
+    Attention sees the whole buffer and a mask of each row's filled part. Pure array work (no
+    host state), so a compiled step can run on it; the capacity is the host's to reserve."""
 
-    step = 256
-
-    def __init__(self, keys: mx.array, values: mx.array, lengths: list[int]) -> None:
+    def __init__(self, keys: mx.array, values: mx.array, offsets: mx.array) -> None:
         self.keys, self.values = keys, values
-        self.lengths = list(lengths)
-        self._offsets = mx.array(self.lengths, dtype=mx.int32)
-        self._start = self._offsets
-
-    @classmethod
-    def stack(cls, rows: list[tuple[mx.array, mx.array]]) -> BatchKVCache:
-        """A batch of the sequences whose keys and values [1, H, T_b, D] are `rows`."""
-        lengths = [k.shape[2] for k, _ in rows]
-        capacity = _rounded(max(lengths), cls.step)
-        keys = mx.concatenate([_padded(k, capacity) for k, _ in rows], axis=0)
-        values = mx.concatenate([_padded(v, capacity) for _, v in rows], axis=0)
-        return cls(keys, values, lengths)
-
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[2]
+        self._offsets = self._start = offsets
 
     @property
     def offset(self) -> mx.array:
         """Each row's length, int32 [B]."""
         return self._offsets
 
-    def append(self, keys: mx.array, values: mx.array) -> None:
-        """Add a sequence (keys, values [1, H, T, D]) as the last row."""
-        capacity = max(self.capacity, _rounded(keys.shape[2], self.step))
-        self.keys = mx.concatenate([_padded(self.keys, capacity), _padded(keys, capacity)])
-        self.values = mx.concatenate([_padded(self.values, capacity), _padded(values, capacity)])
-        self.lengths.append(keys.shape[2])
-        self._offsets = self._start = mx.array(self.lengths, dtype=mx.int32)
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep only these rows, in this order; the buffer shrinks to what they need."""
-        self.lengths = [self.lengths[r] for r in rows]
-        capacity = min(self.capacity, _rounded(max(self.lengths, default=0), self.step))
-        index = mx.array(rows, dtype=mx.int32)
-        self.keys = self.keys[index, :, :capacity]
-        self.values = self.values[index, :, :capacity]
-        self._offsets = self._start = mx.array(self.lengths, dtype=mx.int32)
-
-    def row(self, b: int) -> tuple[mx.array, mx.array]:
-        """Row b's filled keys and values, [1, H, T_b, D] (views)."""
-        n = self.lengths[b]
-        return self.keys[b : b + 1, :, :n], self.values[b : b + 1, :, :n]
-
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         n = keys.shape[2]
-        need = max(self.lengths) + n
-        if need > self.capacity:
-            capacity = _rounded(need, self.step)
-            self.keys, self.values = _padded(self.keys, capacity), _padded(self.values, capacity)
         start = self._offsets
         columns = start[:, None, None, None] + mx.arange(n, dtype=mx.int32)[None, None, :, None]
         self.keys = mx.put_along_axis(
@@ -239,7 +197,6 @@ class BatchKVCache:
         )
         self._start = start
         self._offsets = start + n
-        self.lengths = [length + n for length in self.lengths]
         return self.keys, self.values
 
     def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
@@ -250,18 +207,3 @@ class BatchKVCache:
         if window is not None:
             visible = visible & (k_pos > q_pos - window)
         return visible
-
-    def state(self) -> list[mx.array]:
-        return [self.keys, self.values, self._offsets]
-
-
-def _rounded(n: int, step: int) -> int:
-    return max(step, (n + step - 1) // step * step)
-
-
-def _padded(x: mx.array, capacity: int) -> mx.array:
-    """x [B, H, T, D] with zero rows appended up to `capacity` (x itself when it has them)."""
-    extra = capacity - x.shape[2]
-    if extra <= 0:
-        return x[:, :, :capacity] if extra < 0 else x
-    return mx.concatenate([x, mx.zeros((*x.shape[:2], extra, x.shape[3]), x.dtype)], axis=2)

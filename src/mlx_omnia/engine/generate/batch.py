@@ -3,13 +3,14 @@ weights are read once for all of them) and at most one chunk of a newcomer's pro
 streams keep flowing while a long prompt is prefilled.
 
 A sequence is prefilled alone (its own `Decoding`), then joins the batch: the batch's caches
-(`BatchKVCache`, a row a sequence) take its keys and values. A lone sequence decodes on its own
+(`BatchCache`, a row a sequence) take its keys and values. A lone sequence decodes on its own
 `Decoding` (the compiled single-sequence step and its kernels); the batch's caches are built when
 a second one joins and given back to a `Decoding` when one is left. Each sequence keeps its own
 sampler (options, penalties, bias, grammar) and is sampled from its own row of logits."""
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,11 +18,109 @@ from typing import cast
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.cache import BatchKVCache, KVCache
+from mlx_omnia.engine.core.cache import BatchRows, KVCache
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async
-from mlx_omnia.engine.generate.loop import Decoding, Network, prefill_chunk
+from mlx_omnia.engine.generate.loop import COMPILE_ENV, Decoding, Network, prefill_chunk
 
 Rows = list[tuple[mx.array, mx.array]]  # each layer's keys and values of one sequence
+BatchForward = Callable[..., list[mx.array]]  # (ids, offsets, k0, v0, k1, ...) -> [logits, k0, ...]
+
+
+class BatchCache:
+    """Every layer's keys and values for the batch: [B, H, capacity, D] a layer, row b filled
+    up to lengths[b] (the same in every layer). The host reserves capacity before a step, so the
+    step itself (`BatchRows`) is pure array work."""
+
+    step = 256
+
+    def __init__(self, layers: Rows, lengths: list[int]) -> None:
+        self.layers = layers
+        self.lengths = lengths
+        self.offsets = mx.array(lengths, dtype=mx.int32)
+
+    @classmethod
+    def stack(cls, sequences: list[Rows]) -> BatchCache:
+        """A batch of sequences, each given by its layers' keys and values [1, H, T, D]."""
+        lengths = [rows[0][0].shape[2] for rows in sequences]
+        capacity = _rounded(max(lengths), cls.step)
+        layers = [
+            (
+                mx.concatenate([_padded(s[i][0], capacity) for s in sequences]),
+                mx.concatenate([_padded(s[i][1], capacity) for s in sequences]),
+            )
+            for i in range(len(sequences[0]))
+        ]
+        return cls(layers, lengths)
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0][0].shape[2]
+
+    def append(self, rows: Rows) -> None:
+        """Add a sequence as the last row."""
+        capacity = max(self.capacity, _rounded(rows[0][0].shape[2], self.step))
+        self.layers = [
+            (
+                mx.concatenate([_padded(k, capacity), _padded(nk, capacity)]),
+                mx.concatenate([_padded(v, capacity), _padded(nv, capacity)]),
+            )
+            for (k, v), (nk, nv) in zip(self.layers, rows, strict=True)
+        ]
+        self.lengths = [*self.lengths, rows[0][0].shape[2]]
+        self.offsets = mx.array(self.lengths, dtype=mx.int32)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep these rows, in this order; the buffers shrink to what they need."""
+        self.lengths = [self.lengths[r] for r in rows]
+        capacity = min(self.capacity, _rounded(max(self.lengths, default=0), self.step))
+        index = mx.array(rows, dtype=mx.int32)
+        self.layers = [(k[index, :, :capacity], v[index, :, :capacity]) for k, v in self.layers]
+        self.offsets = mx.array(self.lengths, dtype=mx.int32)
+
+    def row(self, b: int) -> Rows:
+        """Row b's filled keys and values, every layer, [1, H, T_b, D] (views)."""
+        n = self.lengths[b]
+        return [(k[b : b + 1, :, :n], v[b : b + 1, :, :n]) for k, v in self.layers]
+
+    def forward(self, forward: BatchForward, ids: mx.array) -> mx.array:
+        """Logits [B, V] for one new token a row (ids [B, 1]), the caches extended by it."""
+        if max(self.lengths) + 1 > self.capacity:
+            capacity = _rounded(max(self.lengths) + 1, self.step)
+            self.layers = [(_padded(k, capacity), _padded(v, capacity)) for k, v in self.layers]
+        logits, *buffers = forward(ids, self.offsets, *(a for kv in self.layers for a in kv))
+        self.layers = list(zip(buffers[0::2], buffers[1::2], strict=True))
+        self.offsets = self.offsets + 1
+        self.lengths = [n + 1 for n in self.lengths]
+        return logits
+
+    def state(self) -> list[mx.array]:
+        return [self.offsets, *(a for kv in self.layers for a in kv)]
+
+
+def batch_forward(network: Network) -> BatchForward:
+    """The batch's decode step as a function of arrays, compiled unless OMNIA_COMPILE=0 (one
+    trace per batch size and capacity, kept by mx.compile)."""
+
+    def forward(ids: mx.array, offsets: mx.array, *buffers: mx.array) -> list[mx.array]:
+        rows = [BatchRows(k, v, offsets) for k, v in zip(buffers[0::2], buffers[1::2], strict=True)]
+        logits = network(ids, cast(list[KVCache], rows))[:, -1, :]
+        return [logits, *(a for r in rows for a in (r.keys, r.values))]
+
+    if os.environ.get(COMPILE_ENV, "auto") == "0":
+        return forward
+    return cast(BatchForward, mx.compile(forward))
+
+
+def _rounded(n: int, step: int) -> int:
+    return max(step, (n + step - 1) // step * step)
+
+
+def _padded(x: mx.array, capacity: int) -> mx.array:
+    """x [B, H, T, D] with zero rows appended up to `capacity`, or cut to it."""
+    extra = capacity - x.shape[2]
+    if extra <= 0:
+        return x[:, :, :capacity] if extra < 0 else x
+    return mx.concatenate([x, mx.zeros((*x.shape[:2], extra, x.shape[3]), x.dtype)], axis=2)
 
 
 def batchable(network: Network) -> bool:
@@ -54,7 +153,8 @@ class BatchDecoding:
         self._network = network
         self.waiting: deque[BatchSequence] = deque()
         self.running: list[BatchSequence] = []
-        self._caches: list[BatchKVCache] | None = None
+        self._caches: BatchCache | None = None
+        self._forward_batch = batch_forward(network)
         # sequences of a network that cannot batch run one after another
         self.limit = None if batchable(network) else 1
         self.joined: list[BatchSequence] = []  # prefilled at the last step
@@ -87,9 +187,7 @@ class BatchDecoding:
             index = self.running.index(seq)
             self.running.pop(index)
             if self._caches is not None:
-                keep = [i for i in range(len(self.running) + 1) if i != index]
-                for cache in self._caches:
-                    cache.keep(keep)
+                self._caches.keep([i for i in range(len(self.running) + 1) if i != index])
                 if len(self.running) == 1:
                     self._go_alone()
         if seq.decoding is not None:
@@ -102,8 +200,7 @@ class BatchDecoding:
             return seq.decoding.rows()
         if self._caches is None or seq not in self.running:
             raise ValueError("the sequence is not decoding")
-        b = self.running.index(seq)
-        return [c.row(b) for c in self._caches]
+        return self._caches.row(self.running.index(seq))
 
     def step(self) -> list[tuple[BatchSequence, int | Exception]]:
         """One step: the running sequences' next forward is queued, then the tokens sampled at
@@ -150,10 +247,10 @@ class BatchDecoding:
             logits = decoding.step(cast(mx.array, seq.token)[None, None])[None]
             evaluate_async([logits, *decoding.state()])
             return logits
-        caches = cast(list[BatchKVCache], self._caches)
+        caches = cast(BatchCache, self._caches)
         ids = mx.stack([cast(mx.array, s.token) for s in self.running])[:, None]
-        logits = self._network(ids, cast(list[KVCache], caches))[:, -1, :]
-        evaluate_async([logits, *(a for c in caches for a in c.state())])
+        logits = caches.forward(self._forward_batch, ids)
+        evaluate_async([logits, *caches.state()])
         return logits
 
     def _prefill_chunk(self, seq: BatchSequence) -> None:
@@ -181,19 +278,18 @@ class BatchDecoding:
         if self._caches is None:  # the one decoding alone hands its rows to the batch
             first = self.running[0]
             assert first.decoding is not None
-            self._caches = [BatchKVCache.stack([row]) for row in first.decoding.rows()]
+            self._caches = BatchCache.stack([first.decoding.rows(), decoding.rows()])
             first.decoding.close()
             first.decoding = None
-        for cache, (keys, values) in zip(self._caches, decoding.rows(), strict=True):
-            cache.append(keys, values)
-        evaluate([a for c in self._caches for a in c.state()])
+        else:
+            self._caches.append(decoding.rows())
+        evaluate(self._caches.state())
         decoding.close()
         seq.decoding = None
 
     def _go_alone(self) -> None:
         """One sequence is left: it takes its row back to a Decoding of its own."""
-        caches = cast(list[BatchKVCache], self._caches)
-        rows = [c.row(0) for c in caches]
+        rows = cast(BatchCache, self._caches).row(0)
         evaluate([a for r in rows for a in r])
         self.running[0].decoding = Decoding(self._network, rows)
         self._caches = None
