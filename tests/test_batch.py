@@ -5,10 +5,21 @@ step; each keeps its own options; cancelling one leaves the others untouched."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from mlx_omnia import Batch, Chat, Constraint, Generation, GenerationOptions, Model, Piece, load
+from mlx_omnia import (
+    Batch,
+    Chat,
+    Constraint,
+    Generation,
+    GenerationOptions,
+    Model,
+    Piece,
+    PrefixCache,
+    load,
+)
 from tests.fixtures import parity
 
 PROMPTS = [
@@ -139,3 +150,44 @@ def test_max_tokens_zero_is_answered_without_a_step(smollm2: Model) -> None:
     [(generation, pieces)] = batch.step()
     assert generation is g and not isinstance(pieces, Exception)
     assert pieces[-1].finish_reason == "length" and len(batch) == 0
+
+
+def _answer(batch: Batch, chat: Chat, options: GenerationOptions) -> list[Piece]:
+    g = batch.add(chat, options)
+    out, _ = drive(batch, {})
+    return out[g]
+
+
+def test_a_resent_conversation_is_prefilled_from_the_cache(smollm2: Model, tmp_path: Path) -> None:
+    """The second turn resends the first (and its answer): the cached blocks, the answer's
+    included, are not prefilled again, and the greedy answer is the uncached one; after a
+    restart (a new cache on the same directory, memory empty) the blocks come from disk."""
+    system = "You are a careful assistant who answers in one short sentence. " * 6
+    first = Chat([{"role": "system", "content": system},
+                  {"role": "user", "content": "What is the capital of France?"}])
+    options = GenerationOptions(max_tokens=16)
+    cache = PrefixCache(block_tokens=32, memory_bytes=64 * 2**20, disk_dir=tmp_path,
+                        disk_bytes=64 * 2**20)
+    batch = Batch(smollm2, cache)
+    one = _answer(batch, first, options)
+    assert one[-1].usage is not None and one[-1].usage.cached_tokens == 0
+    reply = "".join(p.text for p in one)
+    second = Chat([*first.messages, {"role": "assistant", "content": reply},
+                   {"role": "user", "content": "And of Italy?"}])
+    prompt = len(smollm2.encode(second))
+    two = _answer(batch, second, options)
+    usage = two[-1].usage
+    assert usage is not None and usage.prompt_tokens == prompt
+    assert usage.cached_tokens % 32 == 0 and prompt - 64 < usage.cached_tokens < prompt
+    assert usage.cached_tokens > len(smollm2.encode(first))  # the first answer's blocks too
+    uncached = smollm2.generate(second, options)
+    assert tokens(two) == uncached.token_ids
+    cache.close()
+
+    restarted = PrefixCache(block_tokens=32, memory_bytes=64 * 2**20, disk_dir=tmp_path,
+                            disk_bytes=64 * 2**20)
+    again = _answer(Batch(smollm2, restarted), second, options)
+    assert again[-1].usage is not None and again[-1].usage.cached_tokens == usage.cached_tokens
+    assert tokens(again) == uncached.token_ids
+    assert restarted.stats().memory_blocks > 0 and restarted.stats().dropped_corrupt == 0
+    restarted.close()
