@@ -97,18 +97,26 @@ class BatchCache:
         return [self.offsets, *(a for kv in self.layers for a in kv)]
 
 
+_FORWARD = "_omnia_batch_forward"  # kept on the network: every batch reuses its traces
+
+
 def batch_forward(network: Network) -> BatchForward:
-    """The batch's decode step as a function of arrays, compiled unless OMNIA_COMPILE=0 (one
-    trace per batch size and capacity, kept by mx.compile)."""
+    """The batch's decode step as a function of arrays, compiled unless OMNIA_COMPILE=0: one
+    trace per batch size and capacity, kept (with the compiled function, on the network) for
+    every later batch of this network."""
+    compiled = os.environ.get(COMPILE_ENV, "auto") != "0"
+    kept: tuple[bool, BatchForward] | None = getattr(network, _FORWARD, None)
+    if kept is not None and kept[0] == compiled:
+        return kept[1]
 
     def forward(ids: mx.array, offsets: mx.array, *buffers: mx.array) -> list[mx.array]:
         rows = [BatchRows(k, v, offsets) for k, v in zip(buffers[0::2], buffers[1::2], strict=True)]
         logits = network(ids, cast(list[KVCache], rows))[:, -1, :]
         return [logits, *(a for r in rows for a in (r.keys, r.values))]
 
-    if os.environ.get(COMPILE_ENV, "auto") == "0":
-        return forward
-    return cast(BatchForward, mx.compile(forward))
+    made = cast(BatchForward, mx.compile(forward)) if compiled else forward
+    setattr(network, _FORWARD, (compiled, made))
+    return made
 
 
 def _rounded(n: int, step: int) -> int:
