@@ -327,3 +327,101 @@ def test_constrained_answers_follow_their_grammars_for_every_timed_token(tmp_pat
     published = results_file.load_all()
     saved_report = json.loads(saved.read_text())
     assert results_file.generated([*published, saved_report]) == results_file.generated(published)
+
+
+def assert_positive(value: float, what: object) -> None:
+    assert value > 0 and math.isfinite(value), what
+
+
+def test_concurrency_runs_every_stream_its_whole_length(tmp_path: Path) -> None:
+    into = tmp_path / "results"
+    text, report = run_bench(tmp_path, "concurrency", "--model", "tiny", "--streams", "1,3",
+                             "--prompt", "16", "--generate", "6", "--runs", "2",
+                             "--results", str(into))
+    arms = ["omnia", *(["mlx-lm"] if HAS_MLX_LM else [])]
+    assert report["passed"] is True, report["problems"]
+    assert [(r["streams"], r["arm"]) for r in report["table"]] == [
+        (n, a) for n in (1, 3) for a in arms
+    ]
+    printed = [line.split()[:2] for line in text.splitlines() if re.match(r" +[13] +\S", line)]
+    assert printed == [[str(n), a] for n in (1, 3) for a in arms]
+    for row in report["table"]:
+        # every stream generated its 6 tokens from its own 16-word (16-token) prompt
+        assert row["tokens"] == 6 * row["streams"] and row["finish"] == ["length"]
+        assert row["prompt_tokens"] == 16 * row["streams"]
+        for key in ("decode_tok_s", "steady_tok_s", "prefill_s", "first_token_median_s",
+                    "inter_token_median_s"):
+            assert_positive(row[key], (key, row))
+        assert row["first_token_median_s"] <= row["first_token_max_s"]
+    for arm in arms:
+        for n in (1, 3):
+            runs = report["arms"][arm][str(n)]
+            assert len(runs) == 2
+            for run in runs:
+                assert len(run["streams"]) == n and run["total_tokens"] == 6 * n
+                assert 0 < run["first_s"] <= run["prefill_s"] <= run["last_s"]
+                for stream in run["streams"]:
+                    assert stream["tokens"] == 6 and stream["finish"] == "length"
+                    assert run["first_s"] <= stream["first_s"] <= run["prefill_s"]
+                    assert_positive(stream["inter_token_s"], stream)
+    if HAS_MLX_LM:
+        assert report["baseline"] == "mlx-lm"
+        assert report["run_orders"] == [["omnia", "mlx-lm"], ["mlx-lm", "omnia"]]
+        assert report["ratio_per_run"].keys() == {"1", "3"}
+        for ratios in report["ratio_per_run"].values():
+            assert len(ratios) == 2 and all(r > 0 and math.isfinite(r) for r in ratios)
+        assert {r["ratio"] for r in report["table"] if r["arm"] == "mlx-lm"} == {1.0}
+    (saved,) = into.glob("*.json")
+    assert saved.name.endswith("_tiny_bf16_p16-g6_concurrency.json")
+    published = results_file.load_all()
+    assert results_file.generated([*published, json.loads(saved.read_text())]) == \
+        results_file.generated(published)
+
+
+def test_agent_replay_serves_later_turns_from_the_prefix_cache(tmp_path: Path) -> None:
+    """Three turns of a ~600-token chat in blocks of 64: from turn 2 on, the cached arms are
+    served the earlier turns' whole blocks, from memory and, after a restart, from disk; the
+    mlx_lm.server arm runs when it starts (else the report says why)."""
+    into = tmp_path / "results"
+    text, report = run_bench(tmp_path, "agent-replay", "--model", "tiny", "--turns", "3",
+                             "--context", "600", "--answer", "4", "--block-tokens", "64",
+                             "--server-timeout", "60", "--results", str(into))
+    checks = report["checks"]
+    assert checks["passed"] is True, checks["problems"]
+    prompts = [row["prompt_tokens"] for row in report["table"]]
+    assert prompts == sorted(set(prompts)) and 540 <= prompts[-1] <= 600
+    assert report["last_turn"]["prompt_tokens"] == prompts[-1]
+    for name in ("uncached", "cached-memory", "cached-disk"):
+        turns = report["arms"][name]["turns"]
+        assert [t["prompt_tokens"] for t in turns] == prompts
+        for i, turn in enumerate(turns):
+            assert 0 < turn["first_s"] <= turn["total_s"] and math.isfinite(turn["total_s"])
+            assert turn["tokens"] == 4 and turn["finish"] == "length"
+            assert turn["new_tokens"] == turn["prompt_tokens"] - turn["cached_tokens"]
+            if name == "uncached" or i == 0:
+                assert turn["cached_tokens"] == 0
+            else:  # whole blocks of the earlier turns, the last prompt token left to prefill
+                assert turn["cached_tokens"] >= prompts[i - 1] // 64 * 64 > 0
+                assert turn["cached_tokens"] % 64 == 0 and turn["new_tokens"] >= 1
+    # the disk arm restarted before every turn: nothing in memory, its hits read from disk
+    for i, turn in enumerate(report["arms"]["cached-disk"]["turns"]):
+        assert turn["cache"]["memory_blocks"] == 0
+        assert turn["cache"]["hits"] * 64 == turn["cached_tokens"]
+        assert (turn["cache"]["disk_blocks"] > 0) == (i > 0)
+    for ratio in report["last_turn"]["ratios"].values():
+        assert_positive(ratio, report["last_turn"])
+    if not HAS_MLX_LM or "mlx-lm-server" in report["skipped"]:
+        why = report["skipped"]["mlx-lm-server"]
+        assert why and f"mlx-lm-server arm skipped: {why}" in text
+    else:
+        server = report["arms"]["mlx-lm-server"]["turns"]
+        assert [t["prompt_tokens"] for t in server] == prompts  # the same template, same tokens
+        assert checks["server_prompt_tokens_equal"] == 3
+        for turn in server:
+            assert 0 < turn["first_s"] <= turn["total_s"] and turn["tokens"] >= 1
+        assert server[-1]["cached_tokens"] > 0
+    rows = [line.split() for line in text.splitlines() if re.match(r" +[123] +\d+ +\d+ ", line)]
+    assert [r[:3] for r in rows] == [[str(i + 1), str(p), str(p - ([0, *prompts][i]))]
+                                     for i, p in enumerate(prompts)]
+    (saved,) = into.glob("*.json")
+    assert saved.name.endswith("_tiny_bf16_p600-g4_agent-replay.json")

@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -152,6 +153,29 @@ def prompt_text(path: Path, ids: Sequence[int]) -> str:
     bench's vocabulary encodes it back to the same ids)."""
     tokenizers: Any = importlib.import_module("tokenizers")
     return cast(str, tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")).decode(list(ids)))
+
+
+WORD = re.compile(r" [a-z]+")
+
+
+def vocabulary_words(path: Path) -> list[str]:
+    """The checkpoint's tokens that decode to a space and lowercase letters: text of them encodes
+    back to one token a word (the bench's vocabulary does so by construction)."""
+    tokenizers: Any = importlib.import_module("tokenizers")
+    tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    size = int(tokenizer.get_vocab_size())
+    words = [w for w in (cast(str, tokenizer.decode([i])) for i in range(size))
+             if WORD.fullmatch(w)]
+    if len(words) < 26:
+        raise SystemExit(f"{path}'s vocabulary has {len(words)} word tokens (a space and a-z); "
+                         "a few dozen are needed")
+    return words
+
+
+def random_words(words: Sequence[str], n: int, rng: np.random.Generator) -> str:
+    """`n` words drawn from `words` (each with its leading space: n tokens in the bench's
+    vocabulary)."""
+    return "".join(words[int(i)] for i in rng.integers(0, len(words), n))
 
 
 def print_bandwidth(bw: bandwidth.Bandwidth, step_bytes: int, out: Out) -> None:

@@ -5,6 +5,8 @@ itself) on the same checkpoint and the same token stream. See docs/benchmarks.md
     omnia-bench interleaved --model qwen3-4b --explain
     omnia-bench paired --ref REV --model qwen3-4b
     omnia-bench constrained --model qwen3-4b [--generate 256] [--constraints json,regex,lark]
+    omnia-bench concurrency --model qwen3-4b [--quantize 4] [--streams 1,2,4,8,16,32]
+    omnia-bench agent-replay --model qwen3-4b [--turns 20] [--context 16384] [--answer 32]
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, TextIO
 
 import mlx.core as mx
 
-from mlx_omnia.bench import bandwidth, constrained, measure, soak
+from mlx_omnia.bench import agent_replay, bandwidth, concurrency, constrained, measure, soak
 from mlx_omnia.bench.common import (
     DECODE_NOTE,
     GENERATE_NOTE,
@@ -312,6 +314,14 @@ def parser() -> argparse.ArgumentParser:
                                               "JSON schema, a regex and a Lark grammar")
     _generation_args(cons, generate_help="tokens each generation is timed over")
     constrained.add_arguments(cons)
+    conc = sub.add_parser("concurrency", help="many streams decoded together: the engine's Batch "
+                                              "against mlx-lm's BatchGenerator")
+    _generation_args(conc, generate_help="tokens each stream generates")
+    concurrency.add_arguments(conc)
+    replay = sub.add_parser("agent-replay", help="a long chat resent turn by turn: time to first "
+                                                 "token uncached, from the prefix cache's memory "
+                                                 "and disk, and mlx_lm.server's")
+    agent_replay.add_arguments(replay)
     return top
 
 
@@ -324,6 +334,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
     if args.command == "soak":
         return soak.run(args, write)
+    if args.command == "agent-replay":
+        agent_replay.agent_replay(args, write)
+        return 0
     if args.prompt < 1 or args.generate < 1 or args.runs < 1:
         raise SystemExit("--prompt, --generate and --runs must be at least 1")
 
@@ -331,6 +344,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         paired(args, write)
     elif args.command == "constrained":
         constrained.constrained(args, write)
+    elif args.command == "concurrency":
+        concurrency.concurrency(args, write)
     else:
         interleaved(args, write)
     return 0

@@ -232,12 +232,11 @@ def mlx_lm_importable() -> str | None:
     return str(getattr(module, "__version__", "?"))
 
 
-def mlx_lm_arm(path: str, *, dtype: str, quantize: tuple[int, int] | None) -> Arm:
-    """mlx-lm loading the same directory, cast and quantized as the engine does it: cast the
+def mlx_lm_model(path: str, *, dtype: str, quantize: tuple[int, int] | None) -> tuple[Any, int]:
+    """mlx-lm's model of the directory, cast and quantized as the engine does it: cast the
     floats to `dtype`, then affine-quantize every Linear/Embedding whose input dimension is a
-    multiple of the group size."""
+    multiple of the group size. Returns the model (evaluated) and its weights' bytes."""
     utils: Any = importlib.import_module("mlx_lm.utils")
-    cache_module: Any = importlib.import_module("mlx_lm.models.cache")
     nn: Any = importlib.import_module("mlx.nn")
     tree_flatten: Any = importlib.import_module("mlx.utils").tree_flatten
     model, _ = utils.load_model(Path(path))
@@ -251,7 +250,14 @@ def mlx_lm_arm(path: str, *, dtype: str, quantize: tuple[int, int] | None) -> Ar
         nn.quantize(model, group_size=group_size, bits=bits, class_predicate=quantizable)
     params = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
     evaluate([a for _, a in params])
-    nbytes = sum(a.nbytes for _, a in params)
+    return model, sum(a.nbytes for _, a in params)
+
+
+def mlx_lm_arm(path: str, *, dtype: str, quantize: tuple[int, int] | None) -> Arm:
+    """mlx-lm on the same directory (`mlx_lm_model`): fresh caches and stream_generate."""
+    utils: Any = importlib.import_module("mlx_lm.utils")
+    cache_module: Any = importlib.import_module("mlx_lm.models.cache")
+    model, nbytes = mlx_lm_model(path, dtype=dtype, quantize=quantize)
 
     def new_sequence() -> Feed:
         cache = cache_module.make_prompt_cache(model)

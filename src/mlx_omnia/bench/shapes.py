@@ -428,6 +428,14 @@ def build_checkpoint(
     write_tokenizer(path, int(config["vocab_size"]))
     return path
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# ChatML, as Qwen's and SmolLM2-Instruct's templates write a plain conversation (no tools, no
+# thinking), so `agent-replay` can send a Chat to the engine and messages to mlx_lm.server.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 def byte_symbols() -> list[str]:
@@ -480,7 +488,8 @@ def bpe_vocabulary(vocab_size: int, seed: int = 0) -> tuple[list[str], list[tupl
 
 def write_tokenizer(path: Path, vocab_size: int) -> None:
     """A byte-level BPE tokenizer covering every id of the model (no hub, no training), so a
-    free generation from random weights detokenizes as a real model's would."""
+    free generation from random weights detokenizes as a real model's would; ChatML as its
+    chat template."""
     tokens, merges = bpe_vocabulary(vocab_size)
     first_special = len(tokens) - len(SPECIAL_TOKENS)
     tokenizer = {
@@ -510,4 +519,5 @@ def write_tokenizer(path: Path, vocab_size: int) -> None:
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "add_bos_token": False,
+        "chat_template": CHAT_TEMPLATE,
     }))
