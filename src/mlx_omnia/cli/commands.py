@@ -286,6 +286,8 @@ def status(ctx: Context, args: Any) -> int:
     else:
         lines.append(("resident", "none"))
     lines.append(("queue", str(info.get("queue_depth", "-"))))
+    if "prefix_cache" in info:  # a server from before the prefix cache has no such key
+        lines.append(("prefix cache", _prefix_cache(info.get("prefix_cache"))))
     last = as_object(info.get("last_answer"))
     if last:
         tps = _float(last.get("tokens_per_second"))
@@ -330,6 +332,27 @@ def stop(ctx: Context, args: Any) -> int:
         raise ServerError(f"omnia-server (pid {record.pid}) did not stop")
     print(f"stopped omnia-server (pid {record.pid})")
     return EXIT_OK
+
+
+def _prefix_cache(value: object) -> str:
+    """A status's prefix cache in one line: each tier's blocks and bytes of its budget, lookups."""
+    cache = as_object(value)
+    if not cache:
+        return "off"
+
+    def tier(name: str, where: str) -> str:
+        if not cache.get(f"{name}_limit_bytes"):
+            return f"off {where}"
+        return (
+            f"{cache.get(f'{name}_blocks')} blocks ({fmt.size(cache.get(f'{name}_bytes'))} of "
+            f"{fmt.size(cache.get(f'{name}_limit_bytes'))}) {where}"
+        )
+
+    return (
+        f"{tier('memory', 'in memory')}, {tier('disk', 'on disk')}; "
+        f"{cache.get('hits')} blocks found, {cache.get('misses')} missed "
+        f"(blocks of {cache.get('block_tokens')} tokens)"
+    )
 
 
 def _float(value: object) -> float | None:

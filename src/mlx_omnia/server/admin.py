@@ -13,7 +13,7 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +25,7 @@ from mlx_omnia import (
     OmniaError,
     PullProgress,
     cached_models,
+    default_prefix_dir,
     delete_cached,
     embedded_model,
     estimate_memory,
@@ -57,7 +58,8 @@ def _system_memory() -> dict[str, int | None]:
 
 @router.get("/admin/status")
 async def status(request: Request) -> dict[str, Any]:
-    """The daemon at a glance: host, backend, memory, resident models, queue, last answer."""
+    """The daemon at a glance: host, backend, memory, resident models, queue, prefix cache, last
+    answer."""
     state = state_of(request)
     now = time.monotonic()
     last = state.last_answer
@@ -80,6 +82,7 @@ async def status(request: Request) -> dict[str, Any]:
             for r in state.manager.resident()
         ],
         "queue_depth": state.scheduler.depth,
+        "prefix_cache": _prefix_cache(state),
         "last_answer": None
         if last is None
         else {
@@ -89,6 +92,22 @@ async def status(request: Request) -> dict[str, Any]:
             "tokens_per_second": last.tokens_per_second,
             "finished_at": last.finished_at,
         },
+    }
+
+
+def _prefix_cache(state: ServerState) -> dict[str, Any] | None:
+    """The prefix cache's settings, sizes and counters (blocks); None when it is off."""
+    cache = state.scheduler.prefix_cache
+    if cache is None:
+        return None
+    settings = state.settings
+    disk = settings.prefix_disk > 0
+    return {
+        "block_tokens": cache.block_tokens,
+        "memory_limit_bytes": settings.prefix_memory,
+        "disk_limit_bytes": settings.prefix_disk,
+        "dir": str(settings.prefix_dir or default_prefix_dir()) if disk else None,
+        **asdict(cache.stats()),
     }
 
 

@@ -2,8 +2,8 @@
 as in tests, never share counters).
 
 Requests are counted by a middleware (dialect, route template, status); tokens, time to first
-token and decode speed by the scheduler's per-piece hook on the engine thread; queue depth and
-resident models are read when scraped."""
+token and decode speed by the scheduler's per-piece hook on the engine thread; queue depth,
+resident models and the prefix cache's sizes and counters are read when scraped."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from starlette.routing import Match
 
-from mlx_omnia import Piece
+from mlx_omnia import Piece, PrefixStats
 from mlx_omnia.server.dialects.errors import dialect_of
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.scheduler import Job, Scheduler
@@ -34,13 +35,14 @@ RATE_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280
 
 
 class _Live(Collector):
-    """Gauges read at scrape time: queue depth, running job, resident models and their memory."""
+    """Read at scrape time: queue depth, running jobs, resident models and their memory, and the
+    prefix cache (when the server has one)."""
 
     def __init__(self, manager: ModelManager, scheduler: Callable[[], Scheduler | None]) -> None:
         self.manager = manager
         self.scheduler = scheduler
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         scheduler = self.scheduler()
         depth = GaugeMetricFamily("omnia_queue_depth", "Generation requests waiting in the queue")
         depth.add_metric([], scheduler.depth if scheduler is not None else 0)
@@ -67,6 +69,50 @@ class _Live(Collector):
         )
         limit.add_metric([], self.manager.settings.memory_limit)
         yield limit
+        prefix = scheduler.prefix_cache if scheduler is not None else None
+        if prefix is not None:
+            yield from _prefix_metrics(prefix.stats())
+
+
+def _prefix_metrics(stats: PrefixStats) -> Iterator[Metric]:
+    """The prefix cache's tiers (gauges) and its lookups, stores, evictions and drops since the
+    server started (counters, in blocks)."""
+    held = GaugeMetricFamily(
+        "omnia_prefix_cache_bytes", "Bytes of KV blocks the prefix cache holds", labels=["tier"]
+    )
+    held.add_metric(["memory"], stats.memory_bytes)
+    held.add_metric(["disk"], stats.disk_bytes)
+    yield held
+    blocks = GaugeMetricFamily(
+        "omnia_prefix_cache_blocks", "KV blocks the prefix cache holds", labels=["tier"]
+    )
+    blocks.add_metric(["memory"], stats.memory_blocks)
+    blocks.add_metric(["disk"], stats.disk_blocks)
+    yield blocks
+    pending = GaugeMetricFamily(
+        "omnia_prefix_cache_pending_writes", "Blocks queued for writing to the disk tier"
+    )
+    pending.add_metric([], stats.pending_writes)
+    yield pending
+    for name, value, doc in (
+        ("hits", stats.hits, "Blocks a prompt lookup found (either tier)"),
+        ("misses", stats.misses, "Whole prompt blocks a lookup asked for and did not find"),
+        ("stored", stats.stored, "Blocks added to the prefix cache"),
+        ("dropped_corrupt", stats.dropped_corrupt,
+         "Disk blocks that failed their checks on reading, deleted and counted as misses"),
+        ("disk_errors", stats.disk_errors, "Failed writes of blocks to the disk tier"),
+    ):
+        counter = CounterMetricFamily(f"omnia_prefix_cache_{name}", doc)
+        counter.add_metric([], value)
+        yield counter
+    evictions = CounterMetricFamily(
+        "omnia_prefix_cache_evictions",
+        "Blocks evicted (least recently used) to keep a tier within its budget",
+        labels=["tier"],
+    )
+    evictions.add_metric(["memory"], stats.evictions)
+    evictions.add_metric(["disk"], stats.disk_evictions)
+    yield evictions
 
 
 class Metrics:
@@ -82,6 +128,13 @@ class Metrics:
         self.prompt_tokens = Counter(
             "omnia_prompt_tokens",
             "Prompt tokens of finished generations",
+            ["model"],
+            registry=self.registry,
+        )
+        self.cached_tokens = Counter(
+            "omnia_prompt_tokens_cached",
+            "Prompt tokens of finished generations whose keys and values came from the prefix "
+            "cache (part of omnia_prompt_tokens)",
             ["model"],
             registry=self.registry,
         )
@@ -135,6 +188,7 @@ class Metrics:
             # Tokens held back (a partial stop string) are in the usage but in no piece.
             added += max(0, piece.usage.completion_tokens - counted)
             self.prompt_tokens.labels(model).inc(piece.usage.prompt_tokens)
+            self.cached_tokens.labels(model).inc(piece.usage.cached_tokens)
             self.generations.labels(model, piece.finish_reason).inc()
             rate: float | None = None
             if job.first_token_at is not None and piece.usage.completion_tokens > 1:

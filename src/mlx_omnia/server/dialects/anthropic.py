@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ConfigDict, Field
 
-from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TextPart, ToolCallDelta
+from mlx_omnia import Bounds, Chat, ChatMessage, Piece, TextPart, ToolCallDelta, Usage
 from mlx_omnia.server.dialects.common import (
     STREAMED,
     model_ids,
@@ -571,12 +571,15 @@ def stop_of(last: Piece) -> tuple[StopReason, str | None]:
     return "end_turn", None
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+def _usage(usage: Usage) -> dict[str, int]:
+    """Anthropic's usage: `input_tokens` are the prompt tokens not read from the cache (the
+    whole prompt is input_tokens + cache_creation_input_tokens + cache_read_input_tokens);
+    writing the prefix cache costs nothing, so no token counts as a cache creation."""
     return {
-        "input_tokens": input_tokens,
-        "output_tokens": output_tokens,
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_tokens,
     }
 
 
@@ -696,7 +699,7 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
                 content,
                 stop,
                 stop_sequence,
-                _usage(answer.usage.prompt_tokens, answer.usage.completion_tokens),
+                _usage(answer.usage),
             ),
             headers=headers,
         )
@@ -705,13 +708,16 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
     first = stream.first
     if first is None:
         raise ApiError("internal", "generation produced no output")
-    input_tokens = first.usage.prompt_tokens if first.usage else await _count(state, model_id, chat)
+    # The prompt's usage as the engine counted it (cached tokens included), known before the
+    # answer's last piece; counted here only if the engine's count is not at hand.
+    prompt = first.usage or stream.prompt_usage or Usage(await _count(state, model_id, chat), 0)
+    start = Usage(prompt.prompt_tokens, 0, prompt.cached_tokens)
 
     async def events() -> AsyncIterator[str]:
         yield sse(
             {
                 "type": "message_start",
-                "message": _message(mid, model_id, [], None, None, _usage(input_tokens, 0)),
+                "message": _message(mid, model_id, [], None, None, _usage(start)),
             },
             "message_start",
         )
@@ -738,9 +744,7 @@ async def messages(request: Request, body: MessagesRequest) -> JSONResponse | St
                             "type": "message_delta",
                             **managed,
                             "delta": {"stop_reason": stop, "stop_sequence": stop_sequence},
-                            "usage": _usage(
-                                piece.usage.prompt_tokens, piece.usage.completion_tokens
-                            ),
+                            "usage": _usage(piece.usage),
                         },
                         "message_delta",
                     )

@@ -84,6 +84,11 @@ def _user(*content: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": list(content)}]
 
 
+# Prompt prefixes are cached unasked (the server's prefix cache, when on); each dialect's usage
+# reports the prompt tokens read from it in the vendor's own field.
+_CACHE_HINT = "a cache hint; the prefix cache needs none (usage reports cached tokens)"
+
+
 # -- OpenAI --------------------------------------------------------------------------------------
 # Telemetry, cache hints and tiers that every OpenAI endpoint accepts and ignores.
 _OPENAI_METADATA = (
@@ -91,8 +96,8 @@ _OPENAI_METADATA = (
     ignored("metadata", "stored with the object by OpenAI; kept nowhere here",
             {"metadata": {"k": "v"}}),
     ignored("service_tier", "a latency and price tier; one tier here", {"service_tier": "flex"}),
-    ignored("prompt_cache_key", "a cache hint", {"prompt_cache_key": "k"}),
-    ignored("prompt_cache_retention", "a cache hint", {"prompt_cache_retention": "24h"}),
+    ignored("prompt_cache_key", _CACHE_HINT, {"prompt_cache_key": "k"}),
+    ignored("prompt_cache_retention", _CACHE_HINT, {"prompt_cache_retention": "24h"}),
     ignored("safety_identifier", "an end-user id for abuse monitoring",
             {"safety_identifier": "s-1"}),
 )
@@ -164,7 +169,7 @@ CHAT = Endpoint("openai", "POST /api/openai/v1/chat/completions", (
     honoured("modalities", "[\"text\"] only; any other is refused"),
     *_OPENAI_METADATA,
     ignored("store", "stored chat completions are not kept", {"store": True}),
-    ignored("prompt_cache_options", "a cache hint", {"prompt_cache_options": {"mode": "implicit"}}),
+    ignored("prompt_cache_options", _CACHE_HINT, {"prompt_cache_options": {"mode": "implicit"}}),
     ignored("prediction", "predicted output only speeds an answer up, never changes it",
             {"prediction": {"type": "content", "content": "hello"}}),
     refused("audio", "audio output is not generated here",
@@ -249,7 +254,7 @@ RESPONSES = Endpoint("openai", "POST /api/openai/v1/responses", (
             {"background_options": {}}),
     ignored("client_metadata", "what the Codex CLI says of itself",
             {"client_metadata": {"originator": "codex"}}),
-    ignored("prompt_cache_options", "a cache hint", {"prompt_cache_options": {"mode": "implicit"}}),
+    ignored("prompt_cache_options", _CACHE_HINT, {"prompt_cache_options": {"mode": "implicit"}}),
     ignored("access_programs", "account access programs; nothing in the answer depends on them",
             {"access_programs": {}}),
     ignored("image", "options of the image generation tool, which is refused", {"image": {}}),
@@ -275,7 +280,7 @@ def _anthropic(route: str, *sampling: Field) -> Endpoint:
         refused("messages[].name", "messages hold a role and content only",
                 {"messages": [{"role": "user", "content": "hi", "name": "n"}]}, "name"),
         honoured("messages[].content[].type = \"text\"", "text blocks"),
-        ignored("messages[].content[].cache_control", "a cache hint",
+        ignored("messages[].content[].cache_control", _CACHE_HINT,
                 {"messages": _user({"type": "text", "text": "hi",
                                     "cache_control": {"type": "ephemeral"}})}),
         ignored("messages[].content[].citations", "empty or null only (citations of documents, "
@@ -306,7 +311,7 @@ def _anthropic(route: str, *sampling: Field) -> Endpoint:
         honoured("tools[].name", "the name a call takes"),
         honoured("tools[].description", "shown to the model"),
         honoured("tools[].input_schema", "the JSON Schema shown to the model"),
-        ignored("tools[].cache_control", "a cache hint",
+        ignored("tools[].cache_control", _CACHE_HINT,
                 {"tools": [{**_TOOL, "cache_control": {"type": "ephemeral"}}]}),
         ignored("tools[].defer_loading", "tool search's hint; the tool is declared all the same",
                 {"tools": [{**_TOOL, "defer_loading": True}]}),
@@ -333,7 +338,7 @@ def _anthropic(route: str, *sampling: Field) -> Endpoint:
         refused("context_management.edits[].type = \"compact_20260112\"",
                 "server-side compaction would summarize the conversation",
                 {"context_management": {"edits": [{"type": "compact_20260112"}]}}),
-        ignored("cache_control", "a cache hint", {"cache_control": {"type": "ephemeral"}}),
+        ignored("cache_control", _CACHE_HINT, {"cache_control": {"type": "ephemeral"}}),
         ignored("speed", "a latency tier", {"speed": "fast"}),
         ignored("user_profile_id", "billing attribution", {"user_profile_id": "p"}),
         ignored("fallbacks", "substitute models for a policy refusal, which never happens here",

@@ -650,18 +650,20 @@ async def list_models(
 
 
 def _usage_of(usages: Sequence[Usage], thoughts: int = 0) -> dict[str, Any]:
-    """The usage of the candidates to one prompt (its tokens counted once); `thoughts`: the
-    generated tokens that were reasoning (Gemini counts them apart from the candidates')."""
-    return _usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages), thoughts)
-
-
-def _usage(prompt: int, candidates: int, thoughts: int = 0) -> dict[str, Any]:
+    """The usage of the candidates to one prompt (its tokens, and those the prefix cache
+    supplied, counted once); `thoughts`: the generated tokens that were reasoning (Gemini counts
+    them apart from the candidates')."""
+    prompt, cached = usages[0].prompt_tokens, usages[0].cached_tokens
+    candidates = sum(u.completion_tokens for u in usages)
     out: dict[str, Any] = {
         "promptTokenCount": prompt,
         "candidatesTokenCount": candidates - thoughts,
         "totalTokenCount": prompt + candidates,
         "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
     }
+    if cached:  # as Gemini's implicit caching: part of promptTokenCount, absent when none
+        out["cachedContentTokenCount"] = cached
+        out["cacheTokensDetails"] = [{"modality": "TEXT", "tokenCount": cached}]
     if thoughts:
         out["thoughtsTokenCount"] = thoughts
     return out

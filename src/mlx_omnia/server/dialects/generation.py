@@ -29,6 +29,7 @@ from mlx_omnia import (
 )
 from mlx_omnia.server.dialects.errors import from_engine
 from mlx_omnia.server.errors import ApiError
+from mlx_omnia.server.scheduler import Job
 from mlx_omnia.server.state import state_of
 
 T = TypeVar("T")
@@ -150,14 +151,15 @@ class Generation:
         answer with a status instead of a broken stream (a client that leaves while it waits in
         the queue or its prompt is read ends it there)."""
         state = state_of(request)
-        pieces = state.scheduler.stream(state.job(self.model_id, self.input, self.options))
+        job = state.job(self.model_id, self.input, self.options)
+        pieces = state.scheduler.stream(job)
         try:
             first = await unless_gone(request, anext(pieces))
         except StopAsyncIteration:
             first = None
         except Exception as e:
             raise self.error(e) from e
-        return Stream(self, first, pieces)
+        return Stream(self, first, pieces, job)
 
 
 async def _gone(request: Request) -> None:
@@ -268,11 +270,25 @@ class Stream:
     `aclose` when done (a client that leaves stops the generation at its next token)."""
 
     def __init__(
-        self, generation: Generation, first: Piece | None, rest: AsyncGenerator[Piece, None]
+        self,
+        generation: Generation,
+        first: Piece | None,
+        rest: AsyncGenerator[Piece, None],
+        job: Job | None = None,
     ) -> None:
         self.generation = generation
         self.first = first
         self._rest = rest
+        self._job = job
+
+    @property
+    def prompt_usage(self) -> Usage | None:
+        """The prompt's tokens and how many of them the prefix cache supplied (no completion
+        tokens): known once the engine took the request, before the last piece's usage."""
+        taken = self._job.generation if self._job is not None else None
+        if taken is None:
+            return None
+        return Usage(len(taken.prompt), 0, taken.cached_tokens)
 
     def __aiter__(self) -> AsyncIterator[Piece]:
         return self._pieces()

@@ -440,7 +440,9 @@ class _ResponseShape:
             u = piece.usage
             usage = {
                 "input_tokens": u.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "input_tokens_details": {
+                    "cached_tokens": u.cached_tokens, "cache_write_tokens": 0
+                },
                 "output_tokens": u.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                 "total_tokens": u.prompt_tokens + u.completion_tokens,

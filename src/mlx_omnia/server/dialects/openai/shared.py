@@ -151,15 +151,15 @@ def logprob_entry(entry: TokenLogprob) -> dict[str, Any]:
 
 
 def usage_of(*usages: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
-    """The usage of one answer, or of n choices to one prompt (its tokens counted once);
-    `reasoning_tokens`: the completion tokens that were reasoning."""
+    """The usage of one answer, or of n choices to one prompt (its tokens, and those the prefix
+    cache supplied, counted once); `reasoning_tokens`: the completion tokens that were reasoning."""
     prompt = usages[0].prompt_tokens
     completion = sum(u.completion_tokens for u in usages)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": usages[0].cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
 
