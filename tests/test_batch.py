@@ -191,3 +191,18 @@ def test_a_resent_conversation_is_prefilled_from_the_cache(smollm2: Model, tmp_p
     assert tokens(again) == uncached.token_ids
     assert restarted.stats().memory_blocks > 0 and restarted.stats().dropped_corrupt == 0
     restarted.close()
+
+
+def test_requests_added_together_share_a_prompt_prefilled_once(smollm2: Model) -> None:
+    """Three choices of one long prompt (an n > 1 request): the first is prefilled, the others
+    find its blocks when their own prefill starts."""
+    chat = ask("Repeat after me, carefully and slowly: " + "the quick brown fox " * 30)
+    cache = PrefixCache(block_tokens=32, memory_bytes=64 * 2**20)
+    batch = Batch(smollm2, cache)
+    options = GenerationOptions(max_tokens=6)
+    order = [batch.add(chat, options) for _ in range(3)]
+    out, _ = drive(batch, {})
+    cached = [out[g][-1].usage.cached_tokens for g in order if out[g][-1].usage is not None]
+    prompt = len(smollm2.encode(chat))
+    assert cached[0] == 0 and cached[1] == cached[2] == (prompt - 1) // 32 * 32
+    assert len({tokens(out[g]) for g in order}) == 1

@@ -389,6 +389,9 @@ def test_clear_drops_both_tiers(tmp_path: Path) -> None:
 
 
 def test_default_prefix_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OMNIA_PREFIX_DIR", str(tmp_path / "chosen"))
+    assert default_prefix_dir() == tmp_path / "chosen"
+    monkeypatch.delenv("OMNIA_PREFIX_DIR")
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_prefix_dir() == tmp_path / "mlx-omnia" / "prefix"

@@ -64,9 +64,15 @@ class Batch:
         if not generation.needs_tokens:
             self._ready.append((generation, generation.add(None)))
             return generation
-        prefix = self._cached_prefix(generation.prompt)
-        generation.cached_tokens = prefix[0][0].shape[2] if prefix else 0
-        seq = self._decoding.add(generation.prompt, generation.sample, generation.follow, prefix)
+        def prefix() -> list[tuple[mx.array, mx.array]] | None:  # when its prefill starts
+            rows = self._cached_prefix(generation.prompt)
+            generation.cached_tokens = rows[0][0].shape[2] if rows else 0
+            return rows
+
+        seq = self._decoding.add(
+            generation.prompt, generation.sample, generation.follow,
+            prefix if self.prefix_cache is not None else None,
+        )
         self._sequences[generation] = seq
         return generation
 

@@ -151,6 +151,7 @@ class BatchSequence:
     token: mx.array | None = None  # sampled, not yet handed out
     emitted: list[int] = field(default_factory=list[int])
     failed: Exception | None = None  # its sampler or grammar failed: it takes no more steps
+    prefix: Callable[[], Rows | None] | None = None
 
 
 class BatchDecoding:
@@ -172,18 +173,14 @@ class BatchDecoding:
         prompt: Sequence[int],
         sample: Callable[[mx.array], mx.array],
         follow: Callable[[int], None] | None = None,
-        prefix: Rows | None = None,
+        prefix: Callable[[], Rows | None] | None = None,
     ) -> BatchSequence:
-        """Queue a sequence; `prefix` holds its prompt's first tokens' keys and values (at least
-        one prompt token must be left to prefill)."""
+        """Queue a sequence. `prefix`, called when its prefill starts (so it sees what the
+        sequences before it left), gives its prompt's first tokens' keys and values, if known;
+        at least one prompt token must be left to prefill."""
         if not prompt:
             raise ValueError("cannot generate from an empty prompt")
-        seq = BatchSequence(list(prompt), sample, follow)
-        if prefix:
-            seq.decoding = Decoding(self._network, prefix)
-            seq.fed = seq.decoding.length
-            if seq.fed >= len(seq.prompt):
-                raise ValueError("a cached prefix must leave a prompt token to prefill")
+        seq = BatchSequence(list(prompt), sample, follow, prefix=prefix)
         self.waiting.append(seq)
         return seq
 
@@ -263,7 +260,11 @@ class BatchDecoding:
 
     def _prefill_chunk(self, seq: BatchSequence) -> None:
         if seq.decoding is None:
-            seq.decoding = Decoding(self._network)
+            rows = seq.prefix() if seq.prefix is not None else None
+            seq.decoding = Decoding(self._network, rows or ())
+            seq.fed = seq.decoding.length
+            if seq.fed >= len(seq.prompt):
+                raise ValueError("a cached prefix must leave a prompt token to prefill")
         end = min(len(seq.prompt), seq.fed + prefill_chunk())
         logits = seq.decoding.feed(seq.prompt[seq.fed : end], last_only=True)
         seq.fed = end

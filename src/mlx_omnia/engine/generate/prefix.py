@@ -149,15 +149,20 @@ class PrefixCache:
         """Keep every whole block of `tokens` the cache does not hold yet; `state_of(i)` gives
         block i's state. Returns how many blocks were added."""
         digest = hashlib.sha256(model_key.encode()).hexdigest()
-        added = 0
+        missing: list[tuple[bytes, BlockState]] = []
         for i, key in enumerate(self._chain(model_key, tokens)):
             with self._lock:
                 if key in self._memory or key in self._disk or key in self._pending:
                     continue
             # Own copies (mx.array copies; mx.contiguous may share): a block sliced out of a
             # larger KV buffer would otherwise keep the whole buffer alive behind a small nbytes.
-            state = [{name: mx.array(a) for name, a in layer.items()} for layer in state_of(i)]
-            evaluate([a for layer in state for a in layer.values()])
+            missing.append(
+                (key, [{name: mx.array(a) for name, a in layer.items()} for layer in state_of(i)])
+            )
+        # one evaluation for all of them: the caller's device work is waited for once
+        evaluate([a for _, state in missing for layer in state for a in layer.values()])
+        added = 0
+        for key, state in missing:
             write = self._encode(key, digest, state)
             with self._lock:
                 kept = self._keep(key, state)
