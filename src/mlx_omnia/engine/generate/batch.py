@@ -119,6 +119,12 @@ def batch_forward(network: Network) -> BatchForward:
     return made
 
 
+def _greedy(seq: BatchSequence) -> int | None:
+    """The vocabulary rows whose argmax is the sequence's next token, when that is all its
+    sampler does (`Sampler.argmax_rows`)."""
+    return getattr(seq.sample, "argmax_rows", None)
+
+
 def _rounded(n: int, step: int) -> int:
     return max(step, (n + step - 1) // step * step)
 
@@ -220,13 +226,17 @@ class BatchDecoding:
             tokens = [cast(mx.array, s.token) for s in running]
             values = cast(list[int], mx.stack(tokens).tolist())
             sampled: list[mx.array] = []
+            greedy = self._argmax(logits)
             for seq, value in zip(running, values, strict=True):
                 seq.emitted.append(value)
                 out.append((seq, value))
                 try:
                     if seq.follow is not None:
                         seq.follow(value)
-                    seq.token = seq.sample(logits[self.running.index(seq)])
+                    row = self.running.index(seq)
+                    seq.token = greedy[row] if greedy is not None and _greedy(seq) else (
+                        seq.sample(logits[row])
+                    )
                     sampled.append(seq.token)
                 except Exception as e:  # this sequence's grammar or sampler: it alone stops
                     seq.failed = e
@@ -243,6 +253,14 @@ class BatchDecoding:
         return out
 
     # -- internals ---------------------------------------------------------------------------
+    def _argmax(self, logits: mx.array) -> mx.array | None:
+        """Every row's greedy token in one operation, when some running sequence samples
+        greedily with nothing else (one launch for them all, not one sampler call each)."""
+        rows = [r for s in self.running if (r := _greedy(s)) is not None]
+        if not rows:
+            return None
+        return mx.argmax(logits[:, : rows[0]].astype(mx.float32), axis=-1).astype(mx.int32)
+
     def _forward(self) -> mx.array:
         """Logits [B, V] for the running sequences' last tokens (queued on the device)."""
         if len(self.running) == 1 and self.running[0].decoding is not None:

@@ -85,6 +85,12 @@ class Sampler:
             if grammar_tokenizer is None:
                 raise ValueError("a constraint needs the model's grammar_tokenizer")
             self._grammar = GrammarMask(constraint, grammar_tokenizer)
+        plain = (
+            params.temperature <= 0.0 and params.logprobs is None
+            and self._bias is None and self._seen is None and self._counts is None
+            and self._grammar is None
+        )
+        self._argmax_rows = vocab_size if plain else None
         # One compiled step for the sequence: the setting is baked in, the bias values, the
         # key, the penalty state and the constraint's mask are its inputs.
         self._step = _compiled_step(
@@ -96,6 +102,13 @@ class Sampler:
     @property
     def constrained(self) -> bool:
         return self._grammar is not None
+
+    @property
+    def argmax_rows(self) -> int | None:
+        """The logits rows whose argmax is this sampler's token (greedy, and no bias, penalty,
+        grammar or log-probabilities), so a batch may take it for many sequences at once; None
+        when sampling needs this sampler's own step."""
+        return self._argmax_rows
 
     def follow(self, token: int) -> None:
         """The sequence took `token`: move the constraint past it and compute what may come next
