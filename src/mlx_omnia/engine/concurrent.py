@@ -47,7 +47,9 @@ class Batch:
         network: Network = model.network
         self.model = model
         self.prefix_cache = prefix_cache
-        self._decoding = BatchDecoding(network)
+        self._decoding = BatchDecoding(
+            network, None if prefix_cache is None else lambda seq: self._keep(seq, seq.prompt)
+        )
         self._sequences: dict[Generation, BatchSequence] = {}
         self._ready: list[Event] = []  # answers that need no token (max_tokens 0)
 
@@ -106,8 +108,6 @@ class Batch:
                 continue
             if generation.done:
                 self._end(generation)
-        for seq in self._decoding.joined:
-            self._keep(seq, seq.prompt)
         events.extend(pieces.items())
         return events
 

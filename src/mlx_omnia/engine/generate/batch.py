@@ -164,15 +164,17 @@ class BatchDecoding:
     """The sequences being decoded together. `add` a sequence (optionally with a cached prefix of
     its prompt), call `step` for tokens, `remove` a sequence when its consumer is done with it."""
 
-    def __init__(self, network: Network) -> None:
+    def __init__(
+        self, network: Network, on_join: Callable[[BatchSequence], None] | None = None
+    ) -> None:
         self._network = network
+        self._on_join = on_join  # told of each sequence whose prompt is in (a prefix cache)
         self.waiting: deque[BatchSequence] = deque()
         self.running: list[BatchSequence] = []
         self._caches: BatchCache | None = None
         self._forward_batch = batch_forward(network)
         # sequences of a network that cannot batch run one after another
         self.limit = None if batchable(network) else 1
-        self.joined: list[BatchSequence] = []  # prefilled at the last step
 
     def add(
         self,
@@ -216,10 +218,10 @@ class BatchDecoding:
     def step(self) -> list[tuple[BatchSequence, int | Exception]]:
         """One step: the running sequences' next forward is queued, then the tokens sampled at
         the last step are read and handed out (a grammar follows each before its next sample);
-        then one prompt chunk of the first waiting sequence runs. A sequence whose sampler or
+        then waiting sequences are prefilled, in order, up to `prefill_chunk()` prompt tokens
+        (a long prompt over several steps, short ones several a step). A sequence whose sampler or
         grammar fails gets the error instead of a token (the others go on): remove it."""
         out: list[tuple[BatchSequence, int | Exception]] = []
-        self.joined = []
         running = [s for s in self.running if s.failed is None]
         if running:
             logits = self._forward()
@@ -242,14 +244,20 @@ class BatchDecoding:
                     seq.failed = e
                     out.append((seq, e))
             evaluate_async(sampled)
-        if self.waiting and (self.limit is None or len(self.running) < self.limit):
+        budget = prefill_chunk()  # prompt tokens a step prefills: short prompts join together
+        while self.waiting and budget > 0 and (
+            self.limit is None or len(self.running) < self.limit
+        ):
             seq = self.waiting[0]
             try:
-                self._prefill_chunk(seq)
+                budget -= self._prefill_chunk(seq, budget)
             except Exception as e:  # its sampler or grammar failed on the first token
                 seq.failed = e
                 self.remove(seq)
                 out.append((seq, e))
+                continue
+            if self.waiting and self.waiting[0] is seq:
+                break  # its prompt took the step's budget
         return out
 
     # -- internals ---------------------------------------------------------------------------
@@ -276,24 +284,29 @@ class BatchDecoding:
         evaluate_async([logits, *caches.state()])
         return logits
 
-    def _prefill_chunk(self, seq: BatchSequence) -> None:
+    def _prefill_chunk(self, seq: BatchSequence, budget: int) -> int:
+        """Prefill up to `budget` more prompt tokens of `seq`; it joins once its prompt is in.
+        Returns the tokens fed."""
         if seq.decoding is None:
             rows = seq.prefix() if seq.prefix is not None else None
             seq.decoding = Decoding(self._network, rows or ())
             seq.fed = seq.decoding.length
             if seq.fed >= len(seq.prompt):
                 raise ValueError("a cached prefix must leave a prompt token to prefill")
-        end = min(len(seq.prompt), seq.fed + prefill_chunk())
-        logits = seq.decoding.feed(seq.prompt[seq.fed : end], last_only=True)
+        start = seq.fed
+        end = min(len(seq.prompt), start + budget)
+        logits = seq.decoding.feed(seq.prompt[start:end], last_only=True)
         seq.fed = end
         if end < len(seq.prompt):
             evaluate(seq.decoding.state())
-            return
+            return end - start
         seq.token = seq.sample(logits[-1])
         self.waiting.popleft()
         evaluate_async(seq.token)
         self._join(seq)
-        self.joined.append(seq)
+        if self._on_join is not None:
+            self._on_join(seq)
+        return end - start
 
     def _join(self, seq: BatchSequence) -> None:
         """A prefilled sequence joins the running ones."""
