@@ -19,7 +19,7 @@ from typing import cast
 import mlx.core as mx
 
 from mlx_omnia.engine.core.cache import BatchRows, KVCache
-from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async
+from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item
 from mlx_omnia.engine.generate.loop import COMPILE_ENV, Decoding, Network, prefill_chunk
 
 Rows = list[tuple[mx.array, mx.array]]  # each layer's keys and values of one sequence
@@ -225,8 +225,10 @@ class BatchDecoding:
         running = [s for s in self.running if s.failed is None]
         if running:
             logits = self._forward()
-            tokens = [cast(mx.array, s.token) for s in running]
-            values = cast(list[int], mx.stack(tokens).tolist())
+            # each token was evaluated on its own (evaluate_async at the last step): reading it
+            # waits for that sample only, not for the forward just queued (a stack of them
+            # would be a new operation behind the forward, and the host would wait for it)
+            values = [int_item(cast(mx.array, s.token)) for s in running]
             sampled: list[mx.array] = []
             greedy = self._argmax(logits)
             for seq, value in zip(running, values, strict=True):
