@@ -7,14 +7,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def default_memory_limit() -> int:
     """A safe share of physical memory: 70 %, leaving room for the OS and KV caches."""
-    try:
-        pages = os.sysconf("SC_PHYS_PAGES")
-        page = os.sysconf("SC_PAGE_SIZE")
-        return int(pages * page * 0.7)
-    except (ValueError, OSError, AttributeError):
-        return 8 * 1024**3
+    total = physical_memory()
+    return int(total * 0.7) if total is not None else 8 * 1024**3
+
+
+def default_prefix_memory() -> int:
+    """The prefix cache's memory tier: 5 % of physical memory, at most 2 GiB (it comes on top
+    of the models' budget, from what that leaves for the OS and KV caches)."""
+    total = physical_memory()
+    return min(2 * 1024**3, int(total * 0.05)) if total is not None else 512 * 1024**2
 
 
 @dataclass
@@ -28,7 +38,7 @@ class Settings:
     max_concurrent: int = 8  # generations of one model decoded together (continuous batching)
     # The prefix cache: blocks of prompt keys/values in memory and on disk (0 turns a tier off);
     # prefix_dir None is the platform's cache dir (mlx_omnia.default_prefix_dir).
-    prefix_memory: int = 2 * 1024**3
+    prefix_memory: int = field(default_factory=default_prefix_memory)
     prefix_disk: int = 8 * 1024**3
     prefix_dir: Path | None = None
     prefix_block: int = 256
