@@ -206,3 +206,18 @@ def test_requests_added_together_share_a_prompt_prefilled_once(smollm2: Model) -
     prompt = len(smollm2.encode(chat))
     assert cached[0] == 0 and cached[1] == cached[2] == (prompt - 1) // 32 * 32
     assert len({tokens(out[g]) for g in order}) == 1
+
+
+def test_sampled_rows_of_one_setting_equal_each_alone(smollm2: Model) -> None:
+    """Rows that share a sampling setting are sampled in one call, each with its own key: a
+    seeded answer is the one it gets alone."""
+    chats = [ask(f"Write a line about the number {n}.") for n in range(4)]
+    options = [GenerationOptions(max_tokens=20, temperature=0.9, top_k=50, top_p=0.95, seed=n)
+               for n in range(4)]
+    alone = [smollm2.generate(c, o).token_ids for c, o in zip(chats, options, strict=True)]
+    batch = Batch(smollm2)
+    order = [batch.add(c, o) for c, o in zip(chats, options, strict=True)]
+    out, widest = drive(batch, {})
+    assert widest == 4
+    assert [tokens(out[g]) for g in order] == alone
+    assert len(set(alone)) == 4  # the seeds differ, and so do the answers

@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_omnia.engine.core.cache import BatchRows, KVCache
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item
 from mlx_omnia.engine.generate.loop import COMPILE_ENV, Decoding, Network, prefill_chunk
+from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams, sample_rows
 
 Rows = list[tuple[mx.array, mx.array]]  # each layer's keys and values of one sequence
 BatchForward = Callable[..., list[mx.array]]  # (ids, offsets, k0, v0, k1, ...) -> [logits, k0, ...]
@@ -231,6 +232,7 @@ class BatchDecoding:
             values = [int_item(cast(mx.array, s.token)) for s in running]
             sampled: list[mx.array] = []
             greedy = self._argmax(logits)
+            together = self._sample_together(logits, running)
             for seq, value in zip(running, values, strict=True):
                 seq.emitted.append(value)
                 out.append((seq, value))
@@ -238,9 +240,12 @@ class BatchDecoding:
                     if seq.follow is not None:
                         seq.follow(value)
                     row = self.running.index(seq)
-                    seq.token = greedy[row] if greedy is not None and _greedy(seq) else (
-                        seq.sample(logits[row])
-                    )
+                    if seq in together:
+                        seq.token = together[seq]
+                    elif greedy is not None and _greedy(seq):
+                        seq.token = greedy[row]
+                    else:
+                        seq.token = seq.sample(logits[row])
                     sampled.append(seq.token)
                 except Exception as e:  # this sequence's grammar or sampler: it alone stops
                     seq.failed = e
@@ -270,6 +275,31 @@ class BatchDecoding:
         if not rows:
             return None
         return mx.argmax(logits[:, : rows[0]].astype(mx.float32), axis=-1).astype(mx.int32)
+
+    def _sample_together(
+        self, logits: mx.array, running: list[BatchSequence]
+    ) -> dict[BatchSequence, mx.array]:
+        """Tokens of the sequences that sample with nothing but a setting and a key, one call
+        for all that share a setting (`sample_rows`: each row as its own sampler would); their
+        samplers' keys move on."""
+        groups: dict[tuple[SamplingParams, int], list[tuple[int, BatchSequence, Sampler]]] = {}
+        for seq in running:
+            sampler = seq.sample
+            if isinstance(sampler, Sampler) and sampler.row_setting is not None:
+                groups.setdefault(sampler.row_setting, []).append(
+                    (self.running.index(seq), seq, sampler)
+                )
+        out: dict[BatchSequence, mx.array] = {}
+        for (setting, vocab), members in groups.items():
+            if len(members) < 2:
+                continue
+            rows = mx.array([row for row, _, _ in members], dtype=mx.int32)
+            keys = mx.stack([sampler.key for _, _, sampler in members])
+            tokens, keys = sample_rows(setting, vocab)(logits[rows], keys)
+            for i, (_, seq, sampler) in enumerate(members):
+                out[seq] = tokens[i]
+                sampler.key = keys[i]
+        return out
 
     def _forward(self) -> mx.array:
         """Logits [B, V] for the running sequences' last tokens (queued on the device)."""

@@ -91,10 +91,19 @@ class Sampler:
             and self._grammar is None
         )
         self._argmax_rows = vocab_size if plain else None
+        # Sampled with nothing but its setting and its key: many such rows of one setting can
+        # be sampled in one call (sample_rows), each with its own key.
+        alone = replace_none(params)
+        self.row_setting: tuple[SamplingParams, int] | None = (
+            (alone, vocab_size)
+            if params.temperature > 0.0 and params.logprobs is None and self._bias is None
+            and self._seen is None and self._counts is None and self._grammar is None
+            else None
+        )
         # One compiled step for the sequence: the setting is baked in, the bias values, the
         # key, the penalty state and the constraint's mask are its inputs.
         self._step = _compiled_step(
-            dataclasses.replace(params, logit_bias=None, seed=None), vocab_size,
+            replace_none(params), vocab_size,
             self._bias is not None, self._seen is not None, self._counts is not None,
             self._grammar is not None,
         )
@@ -102,6 +111,15 @@ class Sampler:
     @property
     def constrained(self) -> bool:
         return self._grammar is not None
+
+    @property
+    def key(self) -> mx.array:
+        """The random key the next sample splits (a batch sampling rows together sets it)."""
+        return self._key
+
+    @key.setter
+    def key(self, key: mx.array) -> None:
+        self._key = key
 
     @property
     def argmax_rows(self) -> int | None:
@@ -133,6 +151,19 @@ class Sampler:
         return token
 
 
+def replace_none(p: SamplingParams) -> SamplingParams:
+    """The setting without its per-sequence values (bias, seed): what a compiled step bakes in."""
+    return dataclasses.replace(p, logit_bias=None, seed=None)
+
+
+@functools.lru_cache(maxsize=16)
+def sample_rows(p: SamplingParams, vocab_size: int) -> Callable[[mx.array, mx.array], list[mx.array]]:
+    """Many rows of one setting sampled in one compiled call: (logits [n, V], keys [n, 2]) ->
+    [tokens [n], keys [n, 2]], each row exactly as its own Sampler step would (vmapped)."""
+    step = _step(p, vocab_size, False, False, False, False)
+    return cast(Callable[[mx.array, mx.array], list[mx.array]], mx.compile(mx.vmap(step)))
+
+
 @functools.lru_cache(maxsize=64)  # API clients send many temperatures
 def _compiled_step(
     p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool, masked: bool
@@ -142,6 +173,13 @@ def _compiled_step(
     primitives a token instead of ~20 dispatched one by one. Shared by every sequence with the
     same setting, in any thread (the logit bias values, the seed and the constraint's mask words
     are inputs, not constants)."""
+    return mx.compile(_step(p, vocab_size, bias, seen, counts, masked))
+
+
+def _step(
+    p: SamplingParams, vocab_size: int, bias: bool, seen: bool, counts: bool, masked: bool
+) -> Callable[..., list[mx.array]]:
+    """The sampling step `_compiled_step` compiles."""
     # Evaluated here: a lazy constant would stay bound to this thread's stream, and a step
     # used from another thread then failed with "no Stream(cpu, N) in current thread".
     ids = mx.arange(vocab_size)
@@ -187,7 +225,7 @@ def _compiled_step(
             out += [lp[token], top.astype(mx.int32), lp[top]]
         return out
 
-    return cast(Callable[..., list[mx.array]], mx.compile(step))
+    return step
 
 
 def truncate(x: mx.array, p: SamplingParams) -> mx.array:
