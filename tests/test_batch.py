@@ -221,3 +221,28 @@ def test_sampled_rows_of_one_setting_equal_each_alone(smollm2: Model) -> None:
     assert widest == 4
     assert [tokens(out[g]) for g in order] == alone
     assert len(set(alone)) == 4  # the seeds differ, and so do the answers
+
+
+def test_churn_through_the_slots_keeps_every_answer() -> None:
+    """Nine answers of different lengths join at different steps (the slots double to 16) and
+    leave one by one (the slots halve as they empty, the rest moving): each answer is still
+    the one it gets alone."""
+    model = load(parity.checkpoint_dir("llama-default", "v5"), dtype="float32")
+    prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(9)]
+    limits = [5, 31, 12, 3, 27, 8, 19, 2, 24]
+    alone = [model.generate(p, GenerationOptions(max_tokens=n)).token_ids
+             for p, n in zip(prompts, limits, strict=True)]
+    batch = Batch(model)
+    order: list[Generation] = []
+
+    def join(i: int) -> Callable[[], Generation]:
+        def add() -> Generation:
+            order.append(batch.add(prompts[i], GenerationOptions(max_tokens=limits[i])))
+            return order[-1]
+
+        return add
+
+    out, widest = drive(batch, {0: join(0), 1: join(1), 2: join(2), 3: join(3), 4: join(4),
+                                5: join(5), 6: join(6), 7: join(7), 9: join(8)})
+    assert widest >= 5
+    assert [tokens(out[g]) for g in order] == alone

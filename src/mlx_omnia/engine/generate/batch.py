@@ -28,74 +28,101 @@ BatchForward = Callable[..., list[mx.array]]  # (ids, offsets, k0, v0, k1, ...) 
 
 
 class BatchCache:
-    """Every layer's keys and values for the batch: [B, H, capacity, D] a layer, row b filled
-    up to lengths[b] (the same in every layer). The host reserves capacity before a step, so the
-    step itself (`BatchRows`) is pure array work."""
+    """Every layer's keys and values for the batch: [P, H, capacity, D] a layer, P slots (a
+    power of two), a sequence a slot, filled up to its length (the same in every layer). A free
+    slot has no length: its row is computed with the others and ignored, so sequences join and
+    leave without changing the step's shapes (a compiled step keeps one trace per slot count
+    and capacity) and without copying the other rows. The host reserves capacity before a
+    step, so the step itself (`BatchRows`) is pure array work."""
 
     step = 256
 
-    def __init__(self, layers: Rows, lengths: list[int]) -> None:
-        self.layers = layers
-        self.lengths = lengths
-        self.offsets = mx.array(lengths, dtype=mx.int32)
-
-    @classmethod
-    def stack(cls, sequences: list[Rows]) -> BatchCache:
-        """A batch of sequences, each given by its layers' keys and values [1, H, T, D]."""
-        lengths = [rows[0][0].shape[2] for rows in sequences]
-        capacity = _rounded(max(lengths), cls.step)
-        layers = [
-            (
-                mx.concatenate([_padded(s[i][0], capacity) for s in sequences]),
-                mx.concatenate([_padded(s[i][1], capacity) for s in sequences]),
-            )
-            for i in range(len(sequences[0]))
+    def __init__(self, first: Rows) -> None:
+        """Two slots, the first holding `first` (each layer's keys and values [1, H, T, D])."""
+        length = first[0][0].shape[2]
+        capacity = _rounded(length, self.step)
+        self.layers: Rows = [
+            (_slots(_padded(k, capacity), 2), _slots(_padded(v, capacity), 2)) for k, v in first
         ]
-        return cls(layers, lengths)
+        self.lengths: list[int | None] = [length, None]
+        self._sync()
 
     @property
     def capacity(self) -> int:
         return self.layers[0][0].shape[2]
 
-    def append(self, rows: Rows) -> None:
-        """Add a sequence as the last row."""
-        capacity = max(self.capacity, _rounded(rows[0][0].shape[2], self.step))
-        self.layers = [
-            (
-                mx.concatenate([_padded(k, capacity), _padded(nk, capacity)]),
-                mx.concatenate([_padded(v, capacity), _padded(nv, capacity)]),
-            )
-            for (k, v), (nk, nv) in zip(self.layers, rows, strict=True)
-        ]
-        self.lengths = [*self.lengths, rows[0][0].shape[2]]
-        self.offsets = mx.array(self.lengths, dtype=mx.int32)
+    @property
+    def slots(self) -> int:
+        return len(self.lengths)
 
-    def keep(self, rows: list[int]) -> None:
-        """Keep these rows, in this order; the buffers shrink to what they need."""
-        self.lengths = [self.lengths[r] for r in rows]
-        capacity = min(self.capacity, _rounded(max(self.lengths, default=0), self.step))
-        index = mx.array(rows, dtype=mx.int32)
-        self.layers = [(k[index, :, :capacity], v[index, :, :capacity]) for k, v in self.layers]
-        self.offsets = mx.array(self.lengths, dtype=mx.int32)
+    @property
+    def used(self) -> int:
+        return sum(n is not None for n in self.lengths)
 
-    def row(self, b: int) -> Rows:
-        """Row b's filled keys and values, every layer, [1, H, T_b, D] (views)."""
-        n = self.lengths[b]
-        return [(k[b : b + 1, :, :n], v[b : b + 1, :, :n]) for k, v in self.layers]
+    def put(self, rows: Rows) -> int:
+        """Place a sequence in a free slot (the slots double when none is); returns the slot."""
+        if None not in self.lengths:
+            grow = self.slots
+            self.layers = [(_slots(k, 2 * grow), _slots(v, 2 * grow)) for k, v in self.layers]
+            self.lengths += [None] * grow
+        slot = self.lengths.index(None)
+        length = rows[0][0].shape[2]
+        if length > self.capacity:
+            self._reserve(length)
+        layers: Rows = []
+        for (k, v), (nk, nv) in zip(self.layers, rows, strict=True):
+            k[slot : slot + 1, :, :length] = nk
+            v[slot : slot + 1, :, :length] = nv
+            layers.append((k, v))
+        self.layers = layers
+        self.lengths[slot] = length
+        self._sync()
+        return slot
+
+    def free(self, slot: int) -> dict[int, int]:
+        """Let a slot go. When a quarter or less of the slots are used, the used ones move into
+        half as many: returns {old slot: new slot} for them (empty when nothing moved)."""
+        self.lengths[slot] = None
+        moved: dict[int, int] = {}
+        if self.slots >= 4 and self.used <= self.slots // 4:
+            kept = [i for i, n in enumerate(self.lengths) if n is not None]
+            half = self.slots // 2
+            moved = {old: new for new, old in enumerate(kept)}
+            order = kept + [i for i in range(self.slots) if i not in moved][: half - len(kept)]
+            index = mx.array(order, dtype=mx.int32)
+            self.layers = [(k[index], v[index]) for k, v in self.layers]
+            self.lengths = [self.lengths[i] for i in kept] + [None] * (half - len(kept))
+        self._sync()
+        return moved
+
+    def row(self, slot: int) -> Rows:
+        """A slot's filled keys and values, every layer, [1, H, T, D] (views)."""
+        n = self.lengths[slot] or 0
+        return [(k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in self.layers]
 
     def forward(self, forward: BatchForward, ids: mx.array) -> mx.array:
-        """Logits [B, V] for one new token a row (ids [B, 1]), the caches extended by it."""
-        if max(self.lengths) + 1 > self.capacity:
-            capacity = _rounded(max(self.lengths) + 1, self.step)
-            self.layers = [(_padded(k, capacity), _padded(v, capacity)) for k, v in self.layers]
+        """Logits [P, V] for one new token a slot (ids [P, 1]; a free slot's is ignored), each
+        used slot's cache extended by its token."""
+        longest = max(n for n in self.lengths if n is not None)
+        if longest + 1 > self.capacity:
+            self._reserve(longest + 1)
         logits, *buffers = forward(ids, self.offsets, *(a for kv in self.layers for a in kv))
         self.layers = list(zip(buffers[0::2], buffers[1::2], strict=True))
-        self.offsets = self.offsets + 1
-        self.lengths = [n + 1 for n in self.lengths]
+        self.offsets = self.offsets + self._advance
+        self.lengths = [None if n is None else n + 1 for n in self.lengths]
         return logits
 
     def state(self) -> list[mx.array]:
         return [self.offsets, *(a for kv in self.layers for a in kv)]
+
+    def _reserve(self, rows: int) -> None:
+        capacity = _rounded(rows, self.step)
+        self.layers = [(_padded(k, capacity), _padded(v, capacity)) for k, v in self.layers]
+
+    def _sync(self) -> None:
+        """The device's offsets (a free slot's stays 0) from the host's lengths."""
+        self.offsets = mx.array([n or 0 for n in self.lengths], dtype=mx.int32)
+        self._advance = mx.array([int(n is not None) for n in self.lengths], dtype=mx.int32)
 
 
 _FORWARD = "_omnia_batch_forward"  # kept on the network: every batch reuses its traces
@@ -130,6 +157,14 @@ def _rounded(n: int, step: int) -> int:
     return max(step, (n + step - 1) // step * step)
 
 
+def _slots(x: mx.array, slots: int) -> mx.array:
+    """x [B, H, T, D] with zero rows appended along B up to `slots`."""
+    extra = slots - x.shape[0]
+    if extra <= 0:
+        return x
+    return mx.concatenate([x, mx.zeros((extra, *x.shape[1:]), x.dtype)])
+
+
 def _padded(x: mx.array, capacity: int) -> mx.array:
     """x [B, H, T, D] with zero rows appended up to `capacity`, or cut to it."""
     extra = capacity - x.shape[2]
@@ -159,6 +194,7 @@ class BatchSequence:
     emitted: list[int] = field(default_factory=list[int])
     failed: Exception | None = None  # its sampler or grammar failed: it takes no more steps
     prefix: Callable[[], Rows | None] | None = None
+    slot: int = 0  # its row in the batch's caches and logits
 
 
 class BatchDecoding:
@@ -174,6 +210,7 @@ class BatchDecoding:
         self.running: list[BatchSequence] = []
         self._caches: BatchCache | None = None
         self._forward_batch = batch_forward(network)
+        self._idle = mx.zeros((), dtype=mx.int32)  # a free slot's token (its row is ignored)
         # sequences of a network that cannot batch run one after another
         self.limit = None if batchable(network) else 1
 
@@ -198,10 +235,11 @@ class BatchDecoding:
         if seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.running:
-            index = self.running.index(seq)
-            self.running.pop(index)
+            self.running.remove(seq)
             if self._caches is not None:
-                self._caches.keep([i for i in range(len(self.running) + 1) if i != index])
+                moved = self._caches.free(seq.slot)
+                for other in self.running:
+                    other.slot = moved.get(other.slot, other.slot)
                 if len(self.running) == 1:
                     self._go_alone()
         if seq.decoding is not None:
@@ -214,7 +252,7 @@ class BatchDecoding:
             return seq.decoding.rows()
         if self._caches is None or seq not in self.running:
             raise ValueError("the sequence is not decoding")
-        return self._caches.row(self.running.index(seq))
+        return self._caches.row(seq.slot)
 
     def step(self) -> list[tuple[BatchSequence, int | Exception]]:
         """One step: the running sequences' next forward is queued, then the tokens sampled at
@@ -239,7 +277,7 @@ class BatchDecoding:
                 try:
                     if seq.follow is not None:
                         seq.follow(value)
-                    row = self.running.index(seq)
+                    row = seq.slot
                     if seq in together:
                         seq.token = together[seq]
                     elif greedy is not None and _greedy(seq):
@@ -286,9 +324,7 @@ class BatchDecoding:
         for seq in running:
             sampler = seq.sample
             if isinstance(sampler, Sampler) and sampler.row_setting is not None:
-                groups.setdefault(sampler.row_setting, []).append(
-                    (self.running.index(seq), seq, sampler)
-                )
+                groups.setdefault(sampler.row_setting, []).append((seq.slot, seq, sampler))
         out: dict[BatchSequence, mx.array] = {}
         for (setting, vocab), members in groups.items():
             if len(members) < 2:
@@ -311,8 +347,10 @@ class BatchDecoding:
             evaluate_async([logits, *decoding.state()])
             return logits
         caches = cast(BatchCache, self._caches)
-        ids = mx.stack([cast(mx.array, s.token) for s in self.running])[:, None]
-        logits = caches.forward(self._forward_batch, ids)
+        tokens = [self._idle] * caches.slots
+        for seq in self.running:
+            tokens[seq.slot] = cast(mx.array, seq.token)
+        logits = caches.forward(self._forward_batch, mx.stack(tokens)[:, None])
         evaluate_async([logits, *caches.state()])
         return logits
 
@@ -350,18 +388,18 @@ class BatchDecoding:
         if self._caches is None:  # the one decoding alone hands its rows to the batch
             first = self.running[0]
             assert first.decoding is not None
-            self._caches = BatchCache.stack([first.decoding.rows(), decoding.rows()])
+            self._caches = BatchCache(first.decoding.rows())
+            first.slot = 0
             first.decoding.close()
             first.decoding = None
-        else:
-            self._caches.append(decoding.rows())
+        seq.slot = self._caches.put(decoding.rows())
         evaluate(self._caches.state())
         decoding.close()
         seq.decoding = None
 
     def _go_alone(self) -> None:
         """One sequence is left: it takes its row back to a Decoding of its own."""
-        rows = cast(BatchCache, self._caches).row(0)
+        rows = cast(BatchCache, self._caches).row(self.running[0].slot)
         evaluate([a for r in rows for a in r])
         self.running[0].decoding = Decoding(self._network, rows)
         self._caches = None
