@@ -232,7 +232,7 @@ def test_client_leaving_mid_stream_stops_its_generation(long_server: LiveServer)
     stopped_at = completion_tokens(server, "tiny-long")
     time.sleep(0.3)
     assert completion_tokens(server, "tiny-long") == stopped_at  # nothing more is generated
-    assert 3 <= stopped_at < LONG / 2
+    assert 2 <= stopped_at < LONG / 2  # the stream had read a role chunk and two tokens
     assert not stream.finished
 
     start = time.monotonic()

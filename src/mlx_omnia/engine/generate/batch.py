@@ -116,7 +116,9 @@ class BatchCache:
         return [self.offsets, *(a for kv in self.layers for a in kv)]
 
     def _reserve(self, rows: int) -> None:
-        capacity = _rounded(rows, self.step)
+        # a quarter more than needed: a long answer grows the buffers (and retraces a compiled
+        # step) a few dozen times over 16k tokens, not once every 256
+        capacity = _rounded(max(rows, self.capacity + self.capacity // 4), self.step)
         self.layers = [(_padded(k, capacity), _padded(v, capacity)) for k, v in self.layers]
 
     def _sync(self) -> None:
