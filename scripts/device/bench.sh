@@ -3,6 +3,8 @@
 #   bash scripts/device/bench.sh dense|moe [EXTRA omnia-bench ARGS...]
 #   bash scripts/device/bench.sh paired --ref DIR --model SHAPE [ARGS...]   (this tree vs DIR's)
 #   bash scripts/device/bench.sh constrained [ARGS...]   (free vs JSON/regex/Lark-constrained)
+#   bash scripts/device/bench.sh concurrency [ARGS...]   (Batch vs mlx-lm's BatchGenerator)
+#   bash scripts/device/bench.sh agent-replay [ARGS...]  (a 16k conversation resent, cached or not)
 # dense: Qwen3-4B in bfloat16, then affine 4-bit g64; moe: Qwen3-30B-A3B 4-bit g64 written
 # quantized. Both engines in the same format, free generation included, RUNS runs (default 3),
 # each result under $OUT/bench-results. Set OMNIA_BENCH_REVISION to the commit that was copied
@@ -12,7 +14,7 @@ bash .device-wheels/install.sh > /dev/null 2>&1 || { echo "install.sh failed"; e
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
-what=${1:?dense, moe, paired or constrained}
+what=${1:?dense, moe, paired, constrained, concurrency or agent-replay}
 shift
 bench() {
   timeout "${T:-290}" python3 -m mlx_omnia.bench.main interleaved --runs "${RUNS:-3}" \
@@ -37,5 +39,13 @@ case $what in
       constrained_bench --model qwen3-4b --quantize 4 "$@"
       constrained_bench --model qwen3-30b-a3b --quantize 4 --prequantize "$@"
     fi ;;
-  *) echo "unknown: $what (dense, moe, paired or constrained)"; exit 2 ;;
+  concurrency|agent-replay)
+    # Qwen3-4B 4-bit unless --model is given (Qwen3-30B-A3B: --model qwen3-30b-a3b --quantize 4)
+    # (results files of these kinds are not yet read by results_file.py: JSON under $OUT)
+    model=(--model qwen3-4b --quantize 4)
+    [[ $what == concurrency ]] && model+=(--prequantize)
+    if [[ " $* " == *" --model "* ]]; then model=(); fi
+    timeout "${T:-290}" python3 -m mlx_omnia.bench.main "$what" --json "$OUT/$what.json" \
+      "${model[@]}" "$@" 2>&1 | grep -v '^\[omnia-bench\] run ' | tee -a "$OUT/bench.txt" ;;
+  *) echo "unknown: $what (dense, moe, paired, constrained, concurrency or agent-replay)"; exit 2 ;;
 esac
