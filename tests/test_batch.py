@@ -246,3 +246,24 @@ def test_churn_through_the_slots_keeps_every_answer() -> None:
                                 5: join(5), 6: join(6), 7: join(7), 9: join(8)})
     assert widest >= 5
     assert [tokens(out[g]) for g in order] == alone
+
+
+def test_the_last_one_left_reads_its_own_logits() -> None:
+    """B joins A's batch in the second slot; A leaves; B decodes alone again (its logits one
+    row) and then others join it: B's answer is still its own."""
+    model = load(parity.checkpoint_dir("llama-default", "v5"), dtype="float32")
+    limits = [3, 20, 8, 8]
+    alone = [model.generate(p, GenerationOptions(max_tokens=n)).token_ids
+             for p, n in zip(PROMPTS, limits, strict=True)]
+    batch = Batch(model)
+    order: list[Generation] = []
+
+    def join(i: int) -> Callable[[], Generation]:
+        def add() -> Generation:
+            order.append(batch.add(PROMPTS[i], GenerationOptions(max_tokens=limits[i])))
+            return order[-1]
+
+        return add
+
+    out, _ = drive(batch, {0: join(0), 1: join(1), 8: join(2), 9: join(3)})
+    assert [tokens(out[g]) for g in order] == alone

@@ -317,7 +317,7 @@ def _report(
                      f"last {rss[-1] / 2**20:.0f} MiB ({len(rss)} samples)")
     lines += [f"{'ok  ' if ok else 'FAIL'} {name}" for name, ok in checks.items()]
     lines += [f"  error: {o.dialect} {o.status} {o.error}" for o in errors[:5]]
-    lines += [f"  mixed: {o.dialect} prompt {o.prompt}: {o.text!r}" for o in mixed[:5]]
+    lines += [f"  mixed: {o.dialect} prompt {o.prompt}: {o.text!r} (alone: {reference[o.dialect, o.prompt]!r})" for o in mixed[:5]]
     return {
         "ok": all(checks.values()), "checks": checks, "requests": len(outs),
         "complete": len(complete), "errors": len(errors), "mixed": len(mixed),

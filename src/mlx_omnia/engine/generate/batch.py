@@ -384,7 +384,8 @@ class BatchDecoding:
         """A prefilled sequence joins the running ones."""
         self.running.append(seq)
         if len(self.running) == 1:
-            return  # alone: it decodes on its Decoding
+            seq.slot = 0  # alone: it decodes on its Decoding, its logits the one row
+            return
         decoding = seq.decoding
         assert decoding is not None
         if self._caches is None:  # the one decoding alone hands its rows to the batch
@@ -401,7 +402,9 @@ class BatchDecoding:
 
     def _go_alone(self) -> None:
         """One sequence is left: it takes its row back to a Decoding of its own."""
-        rows = cast(BatchCache, self._caches).row(self.running[0].slot)
+        alone = self.running[0]
+        rows = cast(BatchCache, self._caches).row(alone.slot)
         evaluate([a for r in rows for a in r])
-        self.running[0].decoding = Decoding(self._network, rows)
+        alone.decoding = Decoding(self._network, rows)
+        alone.slot = 0  # its logits are the one row of its own step's
         self._caches = None
