@@ -66,6 +66,7 @@ class Batch:
         if not generation.needs_tokens:
             self._ready.append((generation, generation.add(None)))
             return generation
+
         def prefix() -> list[tuple[mx.array, mx.array]] | None:  # when its prefill starts
             rows = self._cached_prefix(generation.prompt)
             generation.cached_tokens = rows[0][0].shape[2] if rows else 0
