@@ -267,3 +267,38 @@ def test_the_last_one_left_reads_its_own_logits() -> None:
 
     out, _ = drive(batch, {0: join(0), 1: join(1), 8: join(2), 9: join(3)})
     assert [tokens(out[g]) for g in order] == alone
+
+
+def test_random_joins_and_leaves_keep_every_answer(tiny_llama_dir: Path) -> None:
+    """A seeded storm of arrivals (up to six at once), answers of different lengths and
+    cancellations mid-answer, as a busy server sees them: every answer that completes is the
+    one it gets alone (the batch grows, shrinks, empties and decodes alone again)."""
+    import random
+
+    model = load(tiny_llama_dir)
+    prompts = [f"{PROMPTS[i % 4]} number {i}" for i in range(8)]
+    limits = [4, 9, 16, 24]
+    alone = {(i, n): model.generate(prompts[i], GenerationOptions(max_tokens=n)).token_ids
+             for i in range(8) for n in limits}
+    rng = random.Random(7)
+    batch = Batch(model)
+    live: dict[Generation, tuple[tuple[int, int], list[int], int | None]] = {}
+    completed = 0
+    for _ in range(400):
+        while len(live) < rng.randint(0, 6):
+            key = (rng.randrange(8), rng.choice(limits))
+            cut = rng.randrange(1, key[1]) if rng.random() < 0.3 else None
+            live[batch.add(prompts[key[0]], GenerationOptions(max_tokens=key[1]))] = (key, [], cut)
+        for generation, event in batch.step():
+            assert not isinstance(event, Exception)
+            key, got, _ = live[generation]
+            got.extend(t for p in event for t in p.token_ids)
+            if event and event[-1].finish_reason is not None:
+                assert tuple(got) == alone[key]
+                completed += 1
+                del live[generation]
+        for generation, (_, got, cut) in list(live.items()):
+            if cut is not None and len(got) >= cut:
+                batch.cancel(generation)
+                del live[generation]
+    assert completed >= 40
