@@ -48,6 +48,18 @@ def drive(
     return out, widest
 
 
+def joiner(
+    batch: Batch, order: list[Generation], prompt: str, max_tokens: int
+) -> Callable[[], Generation]:
+    """What `drive` calls to add `prompt` at its step (the generation is appended to `order`)."""
+
+    def add() -> Generation:
+        order.append(batch.add(prompt, GenerationOptions(max_tokens=max_tokens)))
+        return order[-1]
+
+    return add
+
+
 def ask(text: str) -> Chat:
     return Chat([{"role": "user", "content": text}])
 
@@ -71,11 +83,7 @@ def test_batched_greedy_equals_each_alone(variant: str) -> None:
     order: list[Generation] = []
 
     def join(i: int) -> Callable[[], Generation]:
-        def add() -> Generation:
-            order.append(batch.add(PROMPTS[i], GenerationOptions(max_tokens=limits[i])))
-            return order[-1]
-
-        return add
+        return joiner(batch, order, PROMPTS[i], limits[i])
 
     out, widest = drive(batch, {0: join(0), 3: join(1), 5: join(2), 6: join(3)})
     assert widest >= 3
@@ -236,11 +244,7 @@ def test_churn_through_the_slots_keeps_every_answer() -> None:
     order: list[Generation] = []
 
     def join(i: int) -> Callable[[], Generation]:
-        def add() -> Generation:
-            order.append(batch.add(prompts[i], GenerationOptions(max_tokens=limits[i])))
-            return order[-1]
-
-        return add
+        return joiner(batch, order, prompts[i], limits[i])
 
     out, widest = drive(batch, {0: join(0), 1: join(1), 2: join(2), 3: join(3), 4: join(4),
                                 5: join(5), 6: join(6), 7: join(7), 9: join(8)})
@@ -259,11 +263,7 @@ def test_the_last_one_left_reads_its_own_logits() -> None:
     order: list[Generation] = []
 
     def join(i: int) -> Callable[[], Generation]:
-        def add() -> Generation:
-            order.append(batch.add(PROMPTS[i], GenerationOptions(max_tokens=limits[i])))
-            return order[-1]
-
-        return add
+        return joiner(batch, order, PROMPTS[i], limits[i])
 
     out, _ = drive(batch, {0: join(0), 1: join(1), 8: join(2), 9: join(3)})
     assert [tokens(out[g]) for g in order] == alone

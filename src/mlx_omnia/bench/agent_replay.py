@@ -42,7 +42,7 @@ from mlx_omnia import (
     PrefixCache,
     load,
 )
-from mlx_omnia.bench import bandwidth
+from mlx_omnia.bench import common
 from mlx_omnia.bench.common import (
     Out,
     checkpoint,
@@ -451,11 +451,7 @@ def _report(
     ]
     source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
     return {
-        "command": "agent-replay",
-        "environment": env,
-        "card": bandwidth.card_name() if env.get("backend") == "cuda" else None,
-        "model": {"source": source, "shape": None if Path(args.model).is_dir() else args.model,
-                  "config": config},
+        **common.report_head("agent-replay", env, source, args.model, config),
         "options": {
             "dtype": args.dtype,
             "like_for_like": True,  # one checkpoint, one format, the same prompts

@@ -208,3 +208,17 @@ def quantize_text(at_load: tuple[int, int] | None, on_disk: tuple[int, int] | No
     if on_disk is not None:
         return f"affine {on_disk[0]}-bit g{on_disk[1]} (written quantized)"
     return "none" if at_load is None else f"affine {at_load[0]}-bit g{at_load[1]}"
+
+
+def report_head(
+    command: str, env: dict[str, Any], source: str, model: str, config: Any
+) -> dict[str, Any]:
+    """The first keys every bench report has: the command, the environment, the card and the
+    model (a named shape, or None for a checkpoint directory)."""
+    return {
+        "command": command,
+        "environment": env,
+        "card": bandwidth.card_name() if env.get("backend") == "cuda" else None,
+        "model": {"source": source, "shape": None if Path(model).is_dir() else model,
+                  "config": config},
+    }

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_omnia import Batch, GenerationOptions, Model, load
-from mlx_omnia.bench import bandwidth, measure
+from mlx_omnia.bench import common, measure
 from mlx_omnia.bench.common import (
     Out,
     at_load,
@@ -334,11 +334,7 @@ def concurrency(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             for n in counts))
 
     report: dict[str, Any] = {
-        "command": "concurrency",
-        "environment": env,
-        "card": bandwidth.card_name() if env.get("backend") == "cuda" else None,
-        "model": {"source": source, "shape": None if Path(args.model).is_dir() else args.model,
-                  "config": config},
+        **common.report_head("concurrency", env, source, args.model, config),
         "options": {
             "dtype": args.dtype,
             "like_for_like": True,  # one checkpoint, one format, the same prompts and lengths

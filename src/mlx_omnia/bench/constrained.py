@@ -20,7 +20,7 @@ import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
 from mlx_omnia import Constraint, GenerationOptions, Model, load
-from mlx_omnia.bench import bandwidth, measure
+from mlx_omnia.bench import common, measure
 from mlx_omnia.bench.common import (
     Out,
     at_load,
@@ -300,11 +300,7 @@ def constrained(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             for a in every if a.constraint is not None))
 
     report: dict[str, Any] = {
-        "command": "constrained",
-        "environment": env,
-        "card": bandwidth.card_name() if env.get("backend") == "cuda" else None,
-        "model": {"source": source, "shape": None if Path(args.model).is_dir() else args.model,
-                  "config": config},
+        **common.report_head("constrained", env, source, args.model, config),
         "options": {
             "dtype": args.dtype,
             "like_for_like": True,  # one model, one format: the arms differ in the constraint
