@@ -199,6 +199,12 @@ class BatchRows:
         self._offsets = start + n
         return self.keys, self.values
 
+    def advance(self) -> None:
+        """Record one row a sequence written at each offset by a kernel that updates the buffers
+        in place."""
+        self._start = self._offsets
+        self._offsets = self._offsets + 1
+
     def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
         """Boolean [B, 1, queries, keys]: each row's queries see its own filled rows only."""
         q_pos = self._start[:, None, None, None] + mx.arange(queries)[None, None, :, None]

@@ -12,9 +12,10 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_omnia.engine.core.binding import register
-from mlx_omnia.engine.core.cache import StaticKVCache
+from mlx_omnia.engine.core.cache import BatchRows, StaticKVCache
 from mlx_omnia.engine.core.kernels import CudaKernel, launch_counters, launch_scratch
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
+    MAX_BATCH_ROWS,
     MAX_HEAD_SPLIT,
     AttentionStepSpec,
     launcher,
@@ -22,6 +23,7 @@ from mlx_omnia.engine.core.kernels.attention_step.cuda import (
     project_attend_fits,
     project_attend_launcher,
     project_attend_scratch_bytes,
+    rows_launcher,
     spec_fits,
 )
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
@@ -100,7 +102,13 @@ class AttentionStepKernel(CudaKernel[AttentionStep]):
             Callable[..., tuple[mx.array, mx.array]],
         ] = {}
 
+        # the same for a batch's rows: one set per row
+        row_counters = launch_counters(MAX_BATCH_ROWS * decl.n_kv_heads * MAX_HEAD_SPLIT)
+        evaluate(row_counters)
+
         def project(q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
+            if isinstance(cache, BatchRows):
+                return batch_rows(q, k, v, cache)
             if (
                 not isinstance(cache, StaticKVCache)
                 or q.shape[:2] != (1, 1)
@@ -120,6 +128,28 @@ class AttentionStepKernel(CudaKernel[AttentionStep]):
             pos = cache.state["offset"]
             out, following = run([q, k, v, *cache_inputs(decl, inv_freq, cache), counters], scratch)
             cache.advance(pos, following)
+            return out
+
+        def batch_rows(q: mx.array, k: mx.array, v: mx.array, cache: BatchRows) -> mx.array:
+            """A batch's rows, one token each: one launch, every row at its own offset."""
+            rows = q.shape[0]
+            if (
+                q.ndim != 3 or q.shape[1] != 1 or not 1 <= rows <= MAX_BATCH_ROWS
+                or q.dtype not in CUDA_TYPES
+                or not (k.dtype == v.dtype == q.dtype == cache.keys.dtype == cache.values.dtype)
+                or cache.keys.shape[0] != rows
+                or (decl.q_norm is not None and decl.q_norm.weight.dtype != q.dtype)
+                or (decl.k_norm is not None and decl.k_norm.weight.dtype != q.dtype)
+            ):
+                return reference(q, k, v, cache)
+            spec = attention_spec(decl, q.dtype, cache.keys.shape[2])
+            if not spec_fits(spec):
+                return reference(q, k, v, cache)
+            norms = [n.weight for n in (decl.q_norm, decl.k_norm) if n is not None]
+            out = rows_launcher(spec, rows)(
+                [q, k, v, *norms, inv_freq, cache.keys, cache.values, cache.offset, row_counters]
+            )
+            cache.advance()
             return out
 
         return project

@@ -41,7 +41,8 @@ __device__ __forceinline__ void attention_step(
   const int pos = pos_p[0];
   const int t0 = split * KPB;
   const int n = min(KPB, pos + 1 - t0);  // keys of this slice (<= 0: nothing to do)
-  if (block == 0 && tid < ${OFFSET_SLOTS}) next_pos[tid] = pos + 1;  // every slot (core/cache.py)
+  // every slot (core/cache.py); none for a batch's rows (their offsets move on the host's side)
+  if (next_pos != nullptr && block == 0 && tid < ${OFFSET_SLOTS}) next_pos[tid] = pos + 1;
   if (n <= 0) return;
   T* kc = const_cast<T*>(k_cache) + (size_t)kvh * cap * D;
   T* vc = const_cast<T*>(v_cache) + (size_t)kvh * cap * D;

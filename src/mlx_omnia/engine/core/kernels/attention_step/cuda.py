@@ -260,3 +260,46 @@ def project_attend_launcher(
         return outs[0], outs[1]
 
     return call
+
+
+# -- a batch's rows: each its own sequence, offset and cache row ------------------------------
+MAX_BATCH_ROWS = 64  # rows one launch takes (the counters are per row, kv head and head split)
+
+
+def rows_partials(spec: AttentionStepSpec, rows: int) -> int:
+    """float32 words of the partial outputs and (max, sum) pairs of `rows` rows at spec's
+    capacity (an output of the launch: its size follows the capacity)."""
+    return rows * spec.slices * spec.n_heads * (spec.head_dim + 2)
+
+
+@cache
+def rows_launcher(
+    spec: AttentionStepSpec, rows: int
+) -> Callable[[list[mx.array]], mx.array]:
+    """The launch for a batch's `rows` sequences, one new token each: inputs as `input_names`
+    with q [rows, 1, H*D], k/v [rows, 1, Hkv*D], caches [rows, Hkv, capacity, D] and pos the rows'
+    offsets [rows] -> the attention output [rows, 1, H*D]. Every row is the single-row kernel's
+    launch at its own offset (the same arithmetic); the caches are written in place and no next
+    offset is written (BatchRows keeps the offsets)."""
+    qn, kn = spec.q_eps is not None, spec.k_eps is not None
+    source = render(
+        "attention_step/attention_rows.cu", T=CUDA_TYPES[spec.dtype], H=spec.n_heads,
+        HKV=spec.n_kv_heads, D=spec.head_dim, KPB=spec.keys_per_block, QN=flag(qn), KN=flag(kn),
+        TRAD=flag(spec.traditional), HSN=spec.head_split, MAXHS=MAX_HEAD_SPLIT,
+        HS=trailing([str(spec.head_split)] if spec.head_split != 1 else []),
+        k_cache="k_cache", qw="qw" if qn else "nullptr", kw="kw" if kn else "nullptr",
+        eps_q=f"{float(spec.q_eps or 0.0)!r}f", eps_k=f"{float(spec.k_eps or 0.0)!r}f",
+        scale=f"{float(spec.scale)!r}f",
+    )
+    kernel = cuda_kernel(f"omnia_attention_rows_{spec.tag()}", spec.input_names(),
+                         ("out", "partials"), source, ATTENTION_HEADER)
+    shapes = [(rows, 1, spec.n_heads * spec.head_dim), (rows_partials(spec, rows),)]
+    dtypes = [spec.dtype, mx.float32]
+    grid = (rows * blocks(spec) * THREADS, 1, 1)
+
+    def call(inputs: list[mx.array]) -> mx.array:
+        outs: Any = kernel(inputs=inputs, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
+                           threadgroup=(THREADS, 1, 1))
+        return outs[0]
+
+    return call

@@ -1,20 +1,25 @@
 """Qmv kernels bound to Linear, Projections and ChainedProjections declarations: each accepts a
 declaration only where it computes exactly what it declares (docs/kernels.md lists what it
-declines), and the bound call runs one activation row, handing anything else to the core."""
+declines). The bound call runs one activation row (qmv), or 2 to 16 rows of 4-bit weights on
+tensor cores (a batch's decode step: the rows kernel), handing anything else to the core."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import register
 from mlx_omnia.engine.core.kernels import CudaKernel, launch_counters
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
+    MAX_ROWS,
     QmvSpec,
     chained_fits,
     chained_launcher,
     launcher,
+    rows_fits,
+    rows_launcher,
     spec_fits,
 )
 from mlx_omnia.engine.core.layers import (
@@ -64,6 +69,11 @@ def _single_row(x: mx.array, k: int, dtype: mx.Dtype) -> bool:
     return x.size == k and x.dtype == dtype
 
 
+def _few_rows(x: mx.array, k: int, dtype: mx.Dtype) -> bool:
+    """2 to MAX_ROWS rows of k values in `dtype` (the rows kernel's inputs)."""
+    return x.dtype == dtype and x.ndim >= 2 and x.shape[-1] == k and 2 <= x.size // k <= MAX_ROWS
+
+
 class QmvLinear(CudaKernel[Linear]):
     """y = W x (+ residual) for one row, in one launch."""
 
@@ -81,10 +91,19 @@ class QmvLinear(CudaKernel[Linear]):
         calls: dict[tuple[tuple[int, ...], bool], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
 
         def call(x: mx.array, residual: mx.array | None = None) -> mx.array:
-            if not _single_row(x, plain.k, plain.dtype) or (
-                residual is not None
-                and (residual.dtype != plain.dtype or residual.shape != (*x.shape[:-1], plain.rows[0]))
+            if residual is not None and (
+                residual.dtype != plain.dtype or residual.shape != (*x.shape[:-1], plain.rows[0])
             ):
+                return reference(x, residual)
+            if _few_rows(x, plain.k, plain.dtype):
+                spec = fused if residual is not None else plain
+                if not rows_fits(spec):
+                    return reference(x, residual)
+                inputs = [x, *matrix_inputs(decl)]
+                if residual is not None:
+                    inputs.append(residual)
+                return rows_launcher(spec, tuple(x.shape[:-1]))(inputs)[0]
+            if not _single_row(x, plain.k, plain.dtype):
                 return reference(x, residual)
             key = (x.shape[:-1], residual is not None)
             run = calls.get(key)
@@ -134,14 +153,24 @@ class QmvProjections(CudaKernel[Projections]):
         reference = decl.reference()
         calls: dict[tuple[int, ...], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
 
+        rows_spec = replace(spec, norm_eps=None)
+        norm = decl.norm
+
         def call(x: mx.array) -> tuple[mx.array, ...]:
+            if _few_rows(x, spec.k, spec.dtype) and rows_fits(rows_spec):
+                # the declared norm (its core module) first, then the rows kernel
+                h = norm(x) if norm is not None else x
+                inputs: list[mx.array] = [h]
+                for m in decl.matrices:
+                    inputs += matrix_inputs(m)
+                return tuple(rows_launcher(rows_spec, tuple(x.shape[:-1]))(inputs))
             if not _single_row(x, spec.k, spec.dtype):
                 return reference(x)
             lead = x.shape[:-1]
             run = calls.get(lead)
             if run is None:
                 run = calls[lead] = launcher(spec, lead)
-            inputs: list[mx.array] = [x]
+            inputs = [x]
             for m in decl.matrices:
                 inputs += matrix_inputs(m)
             if decl.norm is not None:

@@ -21,6 +21,7 @@ from mlx_omnia.engine.core.kernels.cuda_common import (
     render,
     trailing,
 )
+from mlx_omnia.engine.core.mxcompat import reshape
 
 Gate = Literal["silu", "gelu_tanh"]
 WARPS = 8
@@ -304,6 +305,86 @@ def chained_launcher(
     def call(inputs: Sequence[mx.array]) -> list[mx.array]:
         out: Any = kernel(inputs=list(inputs), output_shapes=shapes,
                           output_dtypes=[project.dtype] * len(shapes), grid=grid,
+                          threadgroup=threads)
+        return list(out)
+
+    return call
+
+
+# -- a few rows at once (a batch's decode step): tensor-core tiles ----------------------------
+MAX_ROWS = 16  # rows of x one launch takes (one m16n8k16 tile of rows)
+ROWS_WARPS = 8  # a block's warps, which split the input's steps of 64 values
+ROWS_HEADER = QMV_HEADER + header(render("qmv/qmv_rows.cuh"))
+
+
+def rows_tiles(spec: QmvSpec) -> int:
+    """Tiles of 8 weight rows a warp covers: the most (4, 2, 1; gated an even count, a gate and
+    an up tile each) that still give every segment whole blocks and the launch ~2 blocks an SM
+    of a 132-SM card."""
+    gated = spec.gate is not None
+    for tiles in (4, 2) if gated else (4, 2, 1):
+        rows = 8 * (tiles // 2 if gated else tiles)
+        if all(n % rows == 0 for n in spec.output_rows) and spec.out_rows // rows >= 256:
+            return tiles
+    fallback = [t for t in ((2,) if gated else (2, 1))
+                if all(n % (8 * (t // 2 if gated else t)) == 0 for n in spec.output_rows)]
+    return fallback[0] if fallback else 0
+
+
+def rows_fits(spec: QmvSpec) -> bool:
+    """What the rows kernel computes: 4-bit affine weights in groups of 64 or 128 in bfloat16 or
+    float16, inputs a multiple of 64 wide, no norm (the caller normalizes first), segments in
+    whole tiles."""
+    return (
+        spec.dtype in CUDA_TYPES and spec.bits == 4 and spec.group_size in (64, 128)
+        and spec.k % 64 == 0 and spec.norm_eps is None
+        and 1 <= len(spec.rows) <= 3
+        and (spec.gate is None or (len(spec.rows) == 2 and spec.rows[0] == spec.rows[1]))
+        and (not spec.residual or (len(spec.rows) == 1 and spec.gate is None))
+        and rows_tiles(spec) > 0
+    )
+
+
+@cache
+def rows_launcher(
+    spec: QmvSpec, lead: tuple[int, ...]
+) -> Callable[[Sequence[mx.array]], list[mx.array]]:
+    """The rows kernel's call for x of shape (*lead, k), 2 to MAX_ROWS rows: inputs as
+    spec.input_names() (no norm weight) -> outputs (*lead, n) each."""
+    assert rows_fits(spec), spec
+    tiles = rows_tiles(spec)
+    n = list(spec.rows) + [0] * (3 - len(spec.rows))
+    names = spec.input_names()
+    present = set(names)
+
+    def arg(name: str) -> str:
+        return name if name in present else "nullptr"
+
+    outs = [*spec.outputs, "nullptr", "nullptr"][:3]
+    source = render(
+        "qmv/qmv_rows_call.cu", T=CUDA_TYPES[spec.dtype], GROUP=spec.group_size or 0, K=spec.k,
+        N0=n[0], N1=n[1], N2=n[2], NT=tiles, NWARPS=ROWS_WARPS,
+        ACT={None: 0, "silu": 1, "gelu_tanh": 2}[spec.gate], RESID=flag(spec.residual),
+        **{name: arg(name) for name in ("w0", "s0", "b0", "w1", "s1", "b1", "w2", "s2", "b2")},
+        res=arg("res"), y0=outs[0], y1=outs[1], y2=outs[2],
+    )
+    base = spec.name().replace("omnia_qmv_", "omnia_qmv_rows_", 1)
+    kernel = cuda_kernel(f"{base}_t{tiles}w{ROWS_WARPS}", names, spec.outputs, source,
+                         ROWS_HEADER)
+    rows = 1
+    for d in lead:
+        rows *= d
+    shapes = [(*lead, m) for m in spec.output_rows]
+    dtypes = [spec.dtype] * len(shapes)
+    out_tile = 8 * (tiles // 2 if spec.gate is not None else tiles)
+    grid = (spec.out_rows // out_tile * ROWS_WARPS * 32, 1, 1)
+    threads = (ROWS_WARPS * 32, 1, 1)
+
+    def call(inputs: Sequence[mx.array]) -> list[mx.array]:
+        flat = [reshape(inputs[0], rows, spec.k), *inputs[1:]]
+        if spec.residual:
+            flat[-1] = reshape(flat[-1], rows, spec.rows[0])
+        out: Any = kernel(inputs=flat, output_shapes=shapes, output_dtypes=dtypes, grid=grid,
                           threadgroup=threads)
         return list(out)
 

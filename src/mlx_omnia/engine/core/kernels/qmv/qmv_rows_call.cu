@@ -1,0 +1,1 @@
+omnia::qmv_rows<${T}, ${GROUP}, ${K}, ${N0}, ${N1}, ${N2}, ${NT}, ${NWARPS}, ${ACT}, ${RESID}>(x, x_shape[0], ${w0}, ${s0}, ${b0}, ${w1}, ${s1}, ${b1}, ${w2}, ${s2}, ${b2}, ${res}, ${y0}, ${y1}, ${y2}, blockIdx.x);
