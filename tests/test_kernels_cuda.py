@@ -409,11 +409,14 @@ def test_attention_rows_give_each_rows_own_bits(case: str, prefixes: tuple[int, 
         offsets = offsets + 1
 
 
-@pytest.mark.parametrize("quantize", [None, {"bits": 4, "group_size": 64}])
+@pytest.mark.parametrize(("family", "quantize"), [
+    ("qwen3", None), ("qwen3", {"bits": 4, "group_size": 64}),
+    ("qwen3_moe", {"bits": 4, "group_size": 64}),
+])
 def test_batch_step_logits_agree_with_each_sequence_alone(
-    tmp_path: Path, quantize: dict[str, int] | None
+    tmp_path: Path, family: str, quantize: dict[str, int] | None
 ) -> None:
-    """A small qwen3's batched decode step (the rows kernels, compiled) against each sequence
+    """A small model's batched decode step (the rows kernels, compiled) against each sequence
     decoded alone on the single-row kernels, teacher-forced: every row's logits within the
     greedy gate of its own sequence's, over 24 steps, sequences of different lengths."""
     from mlx_omnia import load
@@ -421,11 +424,16 @@ def test_batch_step_logits_agree_with_each_sequence_alone(
     from mlx_omnia.engine.generate.batch import BatchCache, batch_forward
     from mlx_omnia.engine.generate.loop import Decoding
 
-    shapes.SHAPES["test-qwen3-batch"] = dict(
-        shapes.SHAPES["tiny"], hidden_size=256, intermediate_size=512, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, num_hidden_layers=3,
-    )
-    path = shapes.build_checkpoint("test-qwen3-batch", tmp_path / "m", dtype="bfloat16")
+    if family == "qwen3":
+        config = dict(shapes.SHAPES["tiny"], hidden_size=256, intermediate_size=512,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                      num_hidden_layers=3)
+    else:
+        config = dict(shapes.SHAPES["tiny-moe"], hidden_size=256, moe_intermediate_size=128,
+                      num_experts=8, num_experts_per_tok=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64)
+    shapes.SHAPES["test-batch"] = config
+    path = shapes.build_checkpoint("test-batch", tmp_path / "m", dtype="bfloat16")
     model = load(str(path), dtype="bfloat16", quantize=quantize)
     network = model.network
     prompts = [[5, 9, 13] * n for n in (1, 7, 30, 2, 11)]
@@ -664,6 +672,39 @@ def test_experts_match_core(shape: tuple[int, int, int, int], fmt: tuple[int | N
         want = core(want_h, ids, weights, r)
         assert got.shape == want.shape == (1, 1, d_in)
         assert rel_err(got, want) <= 8 * ULP[dtype]
+
+
+@pytest.mark.parametrize("rows", [2, 9])
+@pytest.mark.parametrize("fmt", [(None, None), (4, 64)], ids=str)
+def test_moe_rows_match_each_row_alone(fmt: tuple[int | None, int | None], rows: int) -> None:
+    """A batch's rows through Route, GateUp (with its norm) and DownCombine (with the residual)
+    in one launch each: every row gives exactly the single-row launch's bits, and the whole
+    agrees with the core."""
+    dtype, d_in, hidden, n, k = mx.bfloat16, 512, 256, 64, 8
+    route = Route(n, k, order="softmax_topk", normalize=True)
+    gate_up = GateUp(n, d_in, hidden, norm=make_norm(d_in, dtype))
+    down = DownCombine(n, hidden, d_in)
+    make_experts(gate_up, fmt, dtype)
+    make_experts(down, fmt, dtype)
+    assert route.bind() == "route_cuda"
+    assert gate_up.bind() == down.bind() == "experts_cuda"
+    logits = (3 * mx.random.normal((rows, 1, n))).astype(dtype)
+    w, ids = route(logits)
+    assert w.shape == ids.shape == (rows, 1, k)
+    x = mx.random.normal((rows, 1, d_in)).astype(dtype)
+    h = gate_up(x, ids)
+    assert h.shape == (rows, 1, k, hidden)
+    res = mx.random.normal((rows, 1, d_in)).astype(dtype)
+    out = down(h, ids, w, res)
+    assert out.shape == (rows, 1, d_in)
+    for b in range(rows):
+        wb, ib = route(logits[b : b + 1])
+        assert mx.array_equal(wb, w[b : b + 1]) and mx.array_equal(ib, ids[b : b + 1])
+        assert mx.array_equal(gate_up(x[b : b + 1], ids[b : b + 1]), h[b : b + 1])
+        assert mx.array_equal(down(h[b : b + 1], ids[b : b + 1], w[b : b + 1], res[b : b + 1]),
+                              out[b : b + 1])
+    assert rel_err(h, gate_up.reference()(x, ids)) <= 8 * ULP[dtype]
+    assert rel_err(out, down.reference()(h, ids, w, res)) <= 8 * ULP[dtype]
 
 
 @pytest.mark.parametrize("fmt", [(None, None), (4, 64), (8, 64)], ids=str)

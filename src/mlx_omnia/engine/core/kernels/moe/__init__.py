@@ -13,6 +13,7 @@ from mlx_omnia.engine.core.binding import register
 from mlx_omnia.engine.core.kernels import CudaKernel, cuda_backend, launch_counters, launch_scratch
 from mlx_omnia.engine.core.kernels.cuda_common import CUDA_TYPES
 from mlx_omnia.engine.core.kernels.moe.cuda import (
+    MAX_BATCH_ROWS,
     MAX_TOP_K,
     ExpertsSpec,
     RouteSpec,
@@ -20,6 +21,7 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     chain_launcher,
     experts_fits,
     experts_launcher,
+    experts_rows_launcher,
     project_route_fits,
     project_route_launcher,
     route_experts_fits,
@@ -28,6 +30,7 @@ from mlx_omnia.engine.core.kernels.moe.cuda import (
     route_experts_scratch,
     route_fits,
     route_launcher,
+    route_rows_launcher,
     routed_fits,
     routed_launcher,
 )
@@ -77,6 +80,13 @@ class RouteKernel(CudaKernel[Route]):
         reference_logits = decl.reference_logits()
 
         def route(logits: mx.array) -> tuple[mx.array, mx.array]:
+            rows = logits.size // decl.n_experts
+            if (
+                rows > 1 and logits.shape[-1] == decl.n_experts and rows <= MAX_BATCH_ROWS
+                and logits.dtype in CUDA_TYPES
+            ):
+                return route_rows_launcher(route_spec(decl, logits.dtype), rows,
+                                           tuple(logits.shape[:-1]))(logits)
             if logits.size != decl.n_experts or logits.dtype not in CUDA_TYPES:
                 return reference_logits(logits)
             return route_launcher(route_spec(decl, logits.dtype), tuple(logits.shape[:-1]))(logits)
@@ -185,6 +195,16 @@ class ExpertsGateUp(CudaKernel[GateUp]):
         def gate_up(x: mx.array, ids: mx.array) -> mx.array:
             top_k = ids.shape[-1] if ids.ndim else 0
             spec = fitted(top_k, False)
+            rows = ids.size // top_k if top_k else 0
+            if (
+                spec is not None and 1 < rows <= MAX_BATCH_ROWS
+                and x.shape[:-1] == ids.shape[:-1] and x.shape[-1] == decl.input_dims
+                and x.dtype == dtype and ids.dtype == mx.uint32
+            ):
+                inputs = [x, ids, *_weights(decl)]
+                if decl.norm is not None:
+                    inputs.append(decl.norm.weight)
+                return experts_rows_launcher(spec, rows, tuple(ids.shape[:-1]))(inputs)
             if (
                 spec is None or x.size != decl.input_dims or ids.size != top_k
                 or x.dtype != dtype or ids.dtype != mx.uint32
@@ -222,6 +242,18 @@ def _down_combine(decl: DownCombine) -> Callable[..., mx.array]:
     ) -> mx.array:
         top_k = ids.shape[-1] if ids.ndim else 0
         spec = fitted(top_k, residual is not None)
+        rows = ids.size // top_k if top_k else 0
+        if (
+            spec is not None and 1 < rows <= MAX_BATCH_ROWS
+            and h.shape == (*ids.shape, decl.input_dims) and weights.shape == ids.shape
+            and h.dtype == dtype and weights.dtype == dtype and ids.dtype == mx.uint32
+            and (residual is None
+                 or (residual.dtype == dtype and residual.shape == (*ids.shape[:-1], decl.output_dims)))
+        ):
+            inputs = [h, ids, weights, *_weights(decl)]
+            if residual is not None:
+                inputs.append(residual)
+            return experts_rows_launcher(spec, rows, tuple(h.shape[:-2]))(inputs)
         if (
             spec is None or h.size != top_k * decl.input_dims or ids.size != top_k
             or weights.size != top_k or h.dtype != dtype or weights.dtype != dtype

@@ -554,3 +554,58 @@ def route_experts_launcher(
         return out[0]
 
     return call
+
+
+# -- a batch's rows: every row its own token, one launch ----------------------------------------
+MAX_BATCH_ROWS = 64  # rows one launch takes
+
+
+@cache
+def route_rows_launcher(
+    spec: RouteSpec, rows: int, lead: tuple[int, ...]
+) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+    """logits [*lead, E] (`rows` rows) -> (weights, ids) [*lead, k]: a warp a row, each the
+    single-row routing."""
+    kernel = cuda_kernel(spec.name() + "_rows", ("logits",), ("weights", "ids"),
+                         render("moe/route_rows.cu", **spec.values()), MOE_HEADER)
+    shapes = [(*lead, spec.top_k), (*lead, spec.top_k)]
+    dtypes = [spec.dtype, mx.uint32]
+
+    def call(logits: mx.array) -> tuple[mx.array, mx.array]:
+        out: Any = kernel(inputs=[logits], output_shapes=shapes, output_dtypes=dtypes,
+                          grid=(32 * rows, 1, 1), threadgroup=(32, 1, 1))
+        return out[0], out[1]
+
+    return call
+
+
+@cache
+def experts_rows_launcher(
+    spec: ExpertsSpec, rows: int, lead: tuple[int, ...]
+) -> Callable[[Sequence[mx.array]], mx.array]:
+    """The experts launch for `rows` tokens (inputs as experts_launcher's, each with a leading
+    row axis; gate/up -> [*lead, k, hidden], down -> [*lead, out]): each row's blocks run the
+    single-row device call on that row's input, ids, routing weights, residual and output."""
+    per_row = experts_blocks(spec)
+    k, top_k = spec.k, spec.top_k
+    if spec.gate_up:
+        names = {"x": f"x + (size_t)b * {k}", "ids": f"ids + (size_t)b * {top_k}",
+                 "out": f"out + (size_t)b * {top_k * spec.rows}"}
+        shape = (*lead, top_k, spec.rows)
+    else:
+        names = {"h": f"h + (size_t)b * {top_k * k}", "ids": f"ids + (size_t)b * {top_k}",
+                 "wts": f"wts + (size_t)b * {top_k}", "out": f"out + (size_t)b * {spec.rows}",
+                 "res": f"res + (size_t)b * {spec.rows}"}
+        shape = (*lead, spec.rows)
+    source = (f"const int b = blockIdx.x / {per_row};\n"
+              + experts_call(spec, block=f"blockIdx.x % {per_row}", names=names))
+    kernel = cuda_kernel(spec.name() + "_rows", experts_input_names(spec), ("out",), source,
+                         MOE_HEADER)
+    grid, threads = (rows * per_row * WARPS * 32, 1, 1), (WARPS * 32, 1, 1)
+
+    def call(inputs: Sequence[mx.array]) -> mx.array:
+        out: Any = kernel(inputs=list(inputs), output_shapes=[shape], output_dtypes=[spec.dtype],
+                          grid=grid, threadgroup=threads)
+        return out[0]
+
+    return call
