@@ -217,6 +217,7 @@ def build_all() -> None:
     build_project_route()
     build_route_experts()
     build_project_attend()
+    build_rows()
 
 
 def build_moe() -> None:
@@ -393,6 +394,87 @@ def build_project_attend() -> None:
                                mx.zeros((1, kv, cap, d), dtype=dtype), mx.zeros((), dtype=mx.int32),
                                mx.zeros((kv,), dtype=mx.int32), mx.zeros((3,), dtype=mx.int32)]
                     project_attend_launcher(qkv, spec, (1, 1))(inputs)
+
+
+def build_rows() -> None:
+    """A batch's rows (2-16 tokens): the tensor-core qmv, the attention, the routing and the
+    experts of every row in one launch each."""
+    from dataclasses import replace
+
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import (
+        AttentionStepSpec,
+        rows_launcher,
+    )
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import spec_fits as attention_fits
+    from mlx_omnia.engine.core.kernels.moe.cuda import (
+        ExpertsSpec,
+        RouteSpec,
+        experts_fits,
+        experts_rows_launcher,
+        route_rows_launcher,
+    )
+    from mlx_omnia.engine.core.kernels.qmv.cuda import QmvSpec, rows_fits
+    from mlx_omnia.engine.core.kernels.qmv.cuda import rows_launcher as qmv_rows
+
+    rows = 8
+    for dtype in (mx.bfloat16, mx.float16):
+        for group in (64, 128):
+            base = QmvSpec(dtype=dtype, k=2560, rows=(4096, 1024, 1024), bits=4, group_size=group)
+            for spec in (base, replace(base, rows=(9728, 9728), gate="silu"),
+                         replace(base, rows=(9728, 9728), gate="gelu_tanh"),
+                         replace(base, k=9728, rows=(2560,), residual=True),
+                         replace(base, k=4096, rows=(2560,), residual=True),
+                         replace(base, rows=(151936,)), replace(base, k=2048, rows=(128,)),
+                         replace(base, k=1024, rows=(768, 768))):
+                if not rows_fits(spec):
+                    print(f"declined: rows {spec.name()}")
+                    continue
+                inputs = [mx.zeros((rows, 1, spec.k), dtype=dtype)]
+                for n in spec.rows:
+                    inputs += mats(n, spec.k, 4, group, dtype)
+                if spec.residual:
+                    inputs.append(mx.zeros((rows, 1, spec.rows[0]), dtype=dtype))
+                qmv_rows(spec, (rows, 1))(inputs)
+        for h, kv, d, qk in ((32, 8, 128, True), (32, 8, 64, False), (16, 2, 64, True)):
+            for cap, hs in itertools.product((256, 2304), (1, 2)):
+                att = AttentionStepSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d,
+                                        capacity=cap, scale=d**-0.5, q_eps=1e-6 if qk else None,
+                                        k_eps=1e-6 if qk else None, head_split=hs)
+                if not attention_fits(att):
+                    continue
+                inputs = [mx.zeros((rows, 1, h * d), dtype=dtype),
+                          mx.zeros((rows, 1, kv * d), dtype=dtype),
+                          mx.zeros((rows, 1, kv * d), dtype=dtype)]
+                if qk:
+                    inputs += [mx.zeros((d,), dtype=dtype), mx.zeros((d,), dtype=dtype)]
+                inputs += [mx.zeros((d // 2,), dtype=mx.float32),
+                           mx.zeros((rows, kv, cap, d), dtype=dtype),
+                           mx.zeros((rows, kv, cap, d), dtype=dtype),
+                           mx.zeros((rows,), dtype=mx.int32), mx.zeros((64 * kv * 2,), dtype=mx.int32)]
+                rows_launcher(att, rows)(inputs)
+        route = RouteSpec(dtype, 128, 8, False, True)
+        route_rows_launcher(route, rows, (rows, 1))(mx.zeros((rows, 1, 128), dtype=dtype))
+        for bits, group in ((None, None), (4, 64)):
+            for norm in (None, 1e-6):
+                up = ExpertsSpec(dtype, 2048, 768, 8, bits, group, gate_up=True, norm_eps=norm)
+                if experts_fits(up):
+                    inputs = [mx.zeros((rows, 1, 2048), dtype=dtype),
+                              mx.zeros((rows, 1, 8), dtype=mx.uint32),
+                              *(m[None] for m in mats(2 * 768, 2048, bits, group, dtype))]
+                    if norm is not None:
+                        inputs.append(mx.zeros((2048,), dtype=dtype))
+                    experts_rows_launcher(up, rows, (rows, 1))(inputs)
+            for residual in (False, True):
+                down = ExpertsSpec(dtype, 768, 2048, 8, bits, group, gate_up=False,
+                                   residual=residual)
+                if experts_fits(down):
+                    inputs = [mx.zeros((rows, 1, 8, 768), dtype=dtype),
+                              mx.zeros((rows, 1, 8), dtype=mx.uint32),
+                              mx.zeros((rows, 1, 8), dtype=dtype),
+                              *(m[None] for m in mats(2048, 768, bits, group, dtype))]
+                    if residual:
+                        inputs.append(mx.zeros((rows, 1, 2048), dtype=dtype))
+                    experts_rows_launcher(down, rows, (rows, 1))(inputs)
 
 
 def chain(up: Any, down: Any, mats: Any) -> None:

@@ -589,15 +589,15 @@ def experts_rows_launcher(
     per_row = experts_blocks(spec)
     k, top_k = spec.k, spec.top_k
     if spec.gate_up:
-        names = {"x": f"x + (size_t)b * {k}", "ids": f"ids + (size_t)b * {top_k}",
-                 "out": f"out + (size_t)b * {top_k * spec.rows}"}
+        names = {"x": f"x + (size_t)row * {k}", "ids": f"ids + (size_t)row * {top_k}",
+                 "out": f"out + (size_t)row * {top_k * spec.rows}"}
         shape = (*lead, top_k, spec.rows)
     else:
-        names = {"h": f"h + (size_t)b * {top_k * k}", "ids": f"ids + (size_t)b * {top_k}",
-                 "wts": f"wts + (size_t)b * {top_k}", "out": f"out + (size_t)b * {spec.rows}",
-                 "res": f"res + (size_t)b * {spec.rows}"}
+        names = {"h": f"h + (size_t)row * {top_k * k}", "ids": f"ids + (size_t)row * {top_k}",
+                 "wts": f"wts + (size_t)row * {top_k}", "out": f"out + (size_t)row * {spec.rows}",
+                 "res": f"res + (size_t)row * {spec.rows}"}
         shape = (*lead, spec.rows)
-    source = (f"const int b = blockIdx.x / {per_row};\n"
+    source = (f"const int row = blockIdx.x / {per_row};\n"
               + experts_call(spec, block=f"blockIdx.x % {per_row}", names=names))
     kernel = cuda_kernel(spec.name() + "_rows", experts_input_names(spec), ("out",), source,
                          MOE_HEADER)
