@@ -294,21 +294,11 @@ def concurrency(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                     results[name][n].append(arms[name](n, args.generate))
         config = json.loads((path / "config.json").read_text())
 
-    baseline = "mlx-lm" if "mlx-lm" in names else None
-    rows = [_row(name, n, results[name][n]) for n in counts for name in names]
-    ratio_per_run: dict[str, list[float]] = {}
-    if baseline is not None:
-        for n in counts:
-            ratio_per_run[str(n)] = [
-                x.decode_tok_s / b.decode_tok_s
-                for x, b in zip(results["omnia"][n], results[baseline][n], strict=True)
-            ]
-        for row in rows:
-            row["ratio"] = 1.0 if row["arm"] == baseline else median(
-                ratio_per_run[str(row["streams"])])
-    problems = _problems(rows, args.generate)
-
     source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
+    report = _report(args, env, config, source, quantize, on_disk, sampling, results, orders,
+                     notes)
+    rows, baseline, problems = report["table"], report["baseline"], report["problems"]
+    ratio_per_run = cast(dict[str, list[float]], report["ratio_per_run"])
     print_environment(env, out)
     out(f"model: {source}  dtype {args.dtype}  quantize {quantize_text(quantize, on_disk)}  "
         f"prompt {args.prompt} words ({len(prompts[0])} tokens, stream 1)  generate "
@@ -333,7 +323,33 @@ def concurrency(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             f"{n} streams " + " ".join(f"{v:.2f}x" for v in ratio_per_run[str(n)])
             for n in counts))
 
-    report: dict[str, Any] = {
+    write_report(report, args)
+    return report
+
+
+def _report(
+    args: argparse.Namespace, env: dict[str, Any], config: dict[str, Any], source: str,
+    quantize: tuple[int, int] | None, on_disk: tuple[int, int] | None,
+    sampling: measure.Sampling, results: dict[str, dict[int, list[Run]]],
+    orders: list[list[str]], notes: list[str],
+) -> dict[str, Any]:
+    """The JSON report of every arm's runs at every stream count ({arm: {streams: runs}}):
+    a row per stream count and arm, each run's omnia / mlx-lm decode ratio, the checks."""
+    names, counts = list(results), list(next(iter(results.values())))
+    baseline = "mlx-lm" if "mlx-lm" in names else None
+    rows = [_row(name, n, results[name][n]) for n in counts for name in names]
+    ratio_per_run: dict[str, list[float]] = {}
+    if baseline is not None:
+        for n in counts:
+            ratio_per_run[str(n)] = [
+                x.decode_tok_s / b.decode_tok_s
+                for x, b in zip(results["omnia"][n], results[baseline][n], strict=True)
+            ]
+        for row in rows:
+            row["ratio"] = 1.0 if row["arm"] == baseline else median(
+                ratio_per_run[str(row["streams"])])
+    problems = _problems(rows, args.generate)
+    return {
         **common.report_head("concurrency", env, source, args.model, config),
         "options": {
             "dtype": args.dtype,
@@ -356,8 +372,6 @@ def concurrency(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                  for name in names},
         "table": rows,
     }
-    write_report(report, args)
-    return report
 
 
 def _table(rows: Sequence[dict[str, Any]], baseline: str | None) -> str:
