@@ -372,10 +372,12 @@ def test_concurrency_runs_every_stream_its_whole_length(tmp_path: Path) -> None:
             assert len(ratios) == 2 and all(r > 0 and math.isfinite(r) for r in ratios)
         assert {r["ratio"] for r in report["table"] if r["arm"] == "mlx-lm"} == {1.0}
     (saved,) = into.glob("*.json")
-    assert saved.name.endswith("_tiny_bf16_p16-g6_concurrency.json")
-    published = results_file.load_all()
-    assert results_file.generated([*published, json.loads(saved.read_text())]) == \
-        results_file.generated(published)
+    assert saved.name.endswith("_tiny_bf16_p16-g6_streams-1-3_concurrency.json")
+    published = results_file.concurrency_table([json.loads(saved.read_text())]).splitlines()[2:]
+    ours = {r["streams"]: r for r in report["table"] if r["arm"] == "omnia"}
+    assert [row.split(" | ")[7:9] for row in published] == [
+        [str(n), f"{ours[n]['decode_tok_s']:,.1f}"] for n in (1, 3)
+    ]
 
 
 def test_agent_replay_serves_later_turns_from_the_prefix_cache(tmp_path: Path) -> None:
@@ -424,4 +426,7 @@ def test_agent_replay_serves_later_turns_from_the_prefix_cache(tmp_path: Path) -
     assert [r[:3] for r in rows] == [[str(i + 1), str(p), str(p - ([0, *prompts][i]))]
                                      for i, p in enumerate(prompts)]
     (saved,) = into.glob("*.json")
-    assert saved.name.endswith("_tiny_bf16_p600-g4_agent-replay.json")
+    assert saved.name.endswith("_tiny_bf16_context600-turns3-answer4-block64_agent-replay.json")
+    (published,) = results_file.agent_replay_table([json.loads(saved.read_text())]).splitlines()[2:]
+    speedup = report["last_turn"]["ratios"]["uncached/cached-memory"]
+    assert f"| 3 / {prompts[-1]} / 4 | 64 |" in published and f"**{speedup:.2f}x**" in published

@@ -4,6 +4,7 @@ are exactly what `python -m mlx_omnia.bench.results_file` generates from them.""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import subprocess
@@ -13,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from mlx_omnia.bench import agent_replay, concurrency, measure, results_file
 from mlx_omnia.bench import main as bench
-from mlx_omnia.bench import results_file
 
 REPORTS = results_file.load_all()
 REPO = results_file.REPO
@@ -58,6 +59,12 @@ def test_each_result_is_like_for_like_with_every_run(report: dict[str, Any]) -> 
         assert report["gate_passed"] is True, report["checks"]
         per_run = report["decode_ratio_per_run"].get("omnia", [])
         assert len(per_run) == options["runs"]
+    if report["command"] == "concurrency":
+        assert report["passed"] is True, report["problems"]
+        for per_run in report["ratio_per_run"].values():
+            assert len(per_run) == options["runs"]
+    if report["command"] == "agent-replay":
+        assert report["checks"]["passed"] is True, report["checks"]["problems"]
 
 
 def test_the_tree_digest_equals_the_commits_for_the_same_files(tmp_path: Path) -> None:
@@ -92,3 +99,101 @@ def test_results_option_writes_a_named_file_the_tables_read(tmp_path: Path) -> N
     ratios = report["decode_ratio_per_run"].get("omnia")
     if ratios:
         assert " / ".join(f"{v:.2f}" for v in ratios) in row
+
+
+# A run's environment as the benches record it, on a CPU (a cuda backend would ask the card).
+ENV = {"date": "2026-12-08T10:00:00+00:00", "mlx_omnia_revision": "abc1234",
+       "backend": "cpu", "device_name": "AMD EPYC"}
+
+
+def streams_run(n: int, arrivals: list[tuple[float, int]]) -> concurrency.Run:
+    """n streams that each got 3 tokens at `arrivals` from 16-token prompts."""
+    return concurrency.Run([concurrency.Stream(list(arrivals), "length") for _ in range(n)], 16 * n)
+
+
+def concurrency_report() -> dict[str, Any]:
+    """Two runs at 1 and 2 streams, built by the bench's own report code. omnia: 100 and 400
+    tok/s; mlx-lm: 25 then 40 tok/s at 1 stream (ratios 4 and 2.5), 40 at 2 (ratio 10)."""
+    args = argparse.Namespace(model="tiny", dtype="bfloat16", prompt=16, generate=3, runs=2,
+                              seed=0)
+    omnia = {1: [streams_run(1, [(0.010, 1), (0.020, 1), (0.030, 1)])] * 2,
+             2: [streams_run(2, [(0.010, 1), (0.015, 1), (0.020, 1)])] * 2}
+    mlx_lm = {1: [streams_run(1, [(0.020, 1), (0.060, 1), (0.100, 1)]),
+                  streams_run(1, [(0.020, 1), (0.045, 1), (0.070, 1)])],
+              2: [streams_run(2, [(0.020, 1), (0.070, 1), (0.120, 1)])] * 2}
+    return concurrency._report(
+        args, ENV, {}, "random tiny", (4, 64), None, measure.Sampling(),
+        {"omnia": omnia, "mlx-lm": mlx_lm}, [["omnia", "mlx-lm"], ["mlx-lm", "omnia"]], [],
+    )
+
+
+def replay_report(*, server: bool = True) -> dict[str, Any]:
+    """Three turns of 10, 22 and 34 prompt tokens in blocks of 4, each answered [100, 101],
+    built by the bench's own report code; the cached arms are served 0, 12 and 24 tokens."""
+    args = argparse.Namespace(model="tiny", dtype="bfloat16", context=40, answer=2, turns=3,
+                              block_tokens=4, seed=0)
+    answer = [100, 101]
+    prompts = [list(range(10))]
+    for fresh in (range(20, 30), range(40, 50)):
+        prompts.append([*prompts[-1], *answer, *fresh])
+    firsts = {"uncached": (0.100, 0.200, 0.400), "cached-memory": (0.100, 0.050, 0.040),
+              "cached-disk": (0.110, 0.060, 0.050), "mlx-lm-server": (0.150, 0.080, 0.100)}
+    if not server:
+        del firsts["mlx-lm-server"]
+    turns = {
+        arm: [agent_replay.Turn(first, first + 0.01, len(prompt),
+                                0 if arm == "uncached" else cached, 2, "length", answer,
+                                {"memory_blocks": 0, "disk_blocks": 3 * t, "hits": cached // 4})
+              for t, (first, prompt, cached) in enumerate(zip(times, prompts, (0, 12, 24),
+                                                              strict=True))]
+        for arm, times in firsts.items()
+    }
+    skipped = {} if server else {"mlx-lm-server": "mlx_lm is not importable"}
+    return agent_replay._report(args, ENV, {}, Path("tiny"), None, prompts, turns, skipped, [],
+                                [list(firsts)] * 3)
+
+
+def test_each_kind_is_saved_under_a_name_of_what_it_ran(tmp_path: Path) -> None:
+    prefix = "2026-12-08_abc1234_cpu-amd-epyc_tiny_"
+    for report, name in [
+        (concurrency_report(), "q4g64-bf16_p16-g3_streams-1-2_concurrency.json"),
+        (replay_report(), "bf16_context40-turns3-answer2-block4_agent-replay.json"),
+    ]:
+        saved = results_file.save(report, tmp_path)
+        assert saved.name == prefix + name == results_file.file_name(report)
+        assert json.loads(saved.read_text())["table"] == report["table"]
+
+
+def test_concurrency_table_has_a_row_per_stream_count() -> None:
+    report = concurrency_report()
+    assert report["passed"] is True, report["problems"]
+    lead = "| 2026-12-08 | `abc1234` | CPU (AMD EPYC) | tiny | q4g64-bf16 | 16 / 3 | 2 |"
+    assert results_file.concurrency_table([report]).splitlines()[2:] == [
+        f"{lead} 1 | 100.0 | 32.5 | **3.25x** (4.00 / 2.50) | 10.0 / 20.0 | 10.0 / 32.5 | pass |",
+        f"{lead} 2 | 400.0 | 40.0 | **10.00x** (10.00 / 10.00) | 10.0 / 20.0 | 5.0 / 50.0 | pass |",
+    ]
+
+
+def test_agent_replay_table_has_first_median_and_last_turns_and_the_speedups() -> None:
+    with_server, alone = replay_report(), replay_report(server=False)
+    assert with_server["checks"]["passed"] is True, with_server["checks"]["problems"]
+    lead = "| 2026-12-08 | `abc1234` | CPU (AMD EPYC) | tiny | bf16 | 3 / 34 / 2 | 4 |"
+    engine = "100.0 / 200.0 / 400.0 | 100.0 / 50.0 / 40.0 | 110.0 / 60.0 / 50.0"
+    assert results_file.agent_replay_table([with_server, alone]).splitlines()[2:] == [
+        f"{lead} {engine} | 150.0 / 100.0 / 100.0 | **10.00x** | 8.00x | 2.50x | pass |",
+        f"{lead} {engine} | - | **10.00x** | 8.00x | - | pass |",
+    ]
+
+
+def test_new_kinds_add_their_tables_to_the_results_only() -> None:
+    published = results_file.generated(REPORTS)
+    more = results_file.generated([*REPORTS, concurrency_report(), replay_report()])
+    readme, results = REPO / "README.md", REPO / "docs" / "benchmarks.md"
+    assert more[readme] == published[readme]
+    for table in (results_file.concurrency_table([concurrency_report()]),
+                  results_file.agent_replay_table([replay_report()])):
+        assert table in more[results] and table not in published[results]
+    # the tables of the kinds published before stay as they were
+    for table in (results_file.interleaved_table(REPORTS), results_file.paired_table(REPORTS),
+                  results_file.bandwidth_table(REPORTS)):
+        assert table in more[results] and table in published[results]

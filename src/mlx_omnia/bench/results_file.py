@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -90,14 +91,25 @@ def device_name(report: dict[str, Any]) -> str:
     return f"{str(env.get('backend', '?')).upper()} ({env.get('device_name') or env.get('platform')})"
 
 
+def run_shape(report: dict[str, Any]) -> list[str]:
+    """What the command ran, for the file name: the prompt and new tokens; concurrency adds
+    its stream counts, agent-replay names its context, turns, answer and cache block instead."""
+    options = report["options"]
+    if report["command"] == "agent-replay":
+        return [f"context{options['context']}-turns{options['turns']}-answer{options['answer']}"
+                f"-block{options['block_tokens']}"]
+    shape = [f"p{options['prompt']}-g{options['generate']}"]
+    if report["command"] == "concurrency":
+        shape.append("streams-" + "-".join(str(n) for n in options["streams"]))
+    return shape
+
+
 def file_name(report: dict[str, Any]) -> str:
     env = report["environment"]
     parts = [
         str(env["date"])[:10], str(env.get("mlx_omnia_revision") or "unknown"),
         _slug(device_name(report)), str(report["model"].get("shape") or "dir"),
-        format_name(report["options"]),
-        f"p{report['options']['prompt']}-g{report['options']['generate']}",
-        str(report["command"]),
+        format_name(report["options"]), *run_shape(report), str(report["command"]),
     ]
     return "_".join(_slug(p) for p in parts) + ".json"
 
@@ -141,6 +153,26 @@ def _runs(values: Sequence[float] | None) -> str:
     return " / ".join(f"{v:.2f}" for v in values or [])
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None or seconds != seconds else f"{seconds * 1e3:,.1f}"
+
+
+def _checked(passed: object) -> str:
+    return "pass" if passed else "**FAIL**"
+
+
+def _head(*names: str) -> list[str]:
+    return ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+
+
+def _run_cells(report: dict[str, Any]) -> tuple[str, ...]:
+    """The cells every row starts with: date, commit, device, model and format."""
+    env = report["environment"]
+    return (str(env["date"])[:10], f"`{env.get('mlx_omnia_revision')}`", device_name(report),
+            str(report["model"].get("shape") or report["model"].get("source")),
+            _format_cell(report))
+
+
 def _format_cell(report: dict[str, Any]) -> str:
     options = report["options"]
     fmt = format_name(options)
@@ -160,24 +192,21 @@ def _worst(report: dict[str, Any]) -> str:
 
 
 def interleaved_table(reports: Sequence[dict[str, Any]]) -> str:
-    head = ("date", "commit", "device", "model", "format", "prompt / new", "runs",
-            "decode vs mlx-lm (each run)", "generate vs mlx-lm (each run)", "prefill vs mlx-lm",
-            "omnia decode / generate tok/s", "mlx-lm decode / generate tok/s",
-            "% of floor (measured / spec)", "gate")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = _head("date", "commit", "device", "model", "format", "prompt / new", "runs",
+                  "decode vs mlx-lm (each run)", "generate vs mlx-lm (each run)",
+                  "prefill vs mlx-lm", "omnia decode / generate tok/s",
+                  "mlx-lm decode / generate tok/s", "% of floor (measured / spec)", "gate")
     for r in reports:
         if r["command"] != "interleaved":
             continue
         rows = _rows(r)
         ours, base = rows.get("omnia", {}), rows.get(str(r.get("baseline")), {})
-        env, options = r["environment"], r["options"]
+        options = r["options"]
         decode_runs = r.get("decode_ratio_per_run", {}).get("omnia")
         gen_runs = r.get("generate_ratio_per_run", {}).get("omnia")
-        gate = ("pass" if r.get("gate_passed") else "**FAIL**") + _worst(r)
+        gate = _checked(r.get("gate_passed")) + _worst(r)
         cells = (
-            str(env["date"])[:10], f"`{env.get('mlx_omnia_revision')}`", device_name(r),
-            str(r["model"].get("shape") or r["model"].get("source")), _format_cell(r),
-            f"{options['prompt']} / {options['generate']}", str(options["runs"]),
+            *_run_cells(r), f"{options['prompt']} / {options['generate']}", str(options["runs"]),
             f"**{_x(ours.get('decode_ratio'))}** ({_runs(decode_runs)})",
             f"**{_x(ours.get('generate_ratio'))}** ({_runs(gen_runs)})",
             _x(ours.get("prefill_ratio")),
@@ -211,9 +240,8 @@ def bandwidth_table(reports: Sequence[dict[str, Any]]) -> str:
 
 
 def paired_table(reports: Sequence[dict[str, Any]]) -> str:
-    head = ("date", "commit", "against", "device", "model", "format", "decode", "generate",
-            "prefill", "argmax streams")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = _head("date", "commit", "against", "device", "model", "format", "decode",
+                  "generate", "prefill", "argmax streams")
     for r in reports:
         if r["command"] != "paired":
             continue
@@ -223,6 +251,73 @@ def paired_table(reports: Sequence[dict[str, Any]]) -> str:
             f"`{r['ref']}`", device_name(r), str(r["model"].get("shape")), format_name(r["options"]),
             _x(ours.get("decode_ratio")), _x(ours.get("generate_ratio")),
             _x(ours.get("prefill_ratio")), "identical" if r.get("argmax_identical") else "differ",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def concurrency_table(reports: Sequence[dict[str, Any]]) -> str:
+    """A row per run and stream count: each engine's aggregate decode rate, their ratio (each
+    run's), and the median stream's first-token and inter-token times."""
+    lines = _head("date", "commit", "device", "model", "format", "prompt / new", "runs",
+                  "streams", "omnia decode tok/s", "mlx-lm decode tok/s",
+                  "vs mlx-lm (each run)", "first token ms, median (omnia / mlx-lm)",
+                  "inter-token ms, median (omnia / mlx-lm)", "checks")
+    for r in reports:
+        if r["command"] != "concurrency":
+            continue
+        options = r["options"]
+        rows = cast(list[dict[str, Any]], r["table"])
+        for n in cast(list[int], options["streams"]):
+            at = {str(row["arm"]): row for row in rows if row["streams"] == n}
+            ours, base = at.get("omnia", {}), at.get(str(r.get("baseline")), {})
+            per_run = cast(dict[str, list[float]], r.get("ratio_per_run") or {}).get(str(n))
+            cells = (
+                *_run_cells(r), f"{options['prompt']} / {options['generate']}",
+                str(options["runs"]), str(n), _rate(ours.get("decode_tok_s")),
+                _rate(base.get("decode_tok_s")),
+                f"**{_x(ours.get('ratio'))}** ({_runs(per_run)})" if base else "-",
+                f"{_ms(ours.get('first_token_median_s'))} / "
+                f"{_ms(base.get('first_token_median_s'))}",
+                f"{_ms(ours.get('inter_token_median_s'))} / "
+                f"{_ms(base.get('inter_token_median_s'))}",
+                _checked(r.get("passed")),
+            )
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+REPLAY_ARMS = ("uncached", "cached-memory", "cached-disk", "mlx-lm-server")
+
+
+def _first_tokens(report: dict[str, Any], arm: str) -> str:
+    """An arm's time to first token at the first turn, the median turn and the last, in ms."""
+    firsts = [float(row[arm]["first_s"]) for row in report["table"] if arm in row]
+    if not firsts:
+        return "-"
+    return f"{_ms(firsts[0])} / {_ms(statistics.median(firsts))} / {_ms(firsts[-1])}"
+
+
+def agent_replay_table(reports: Sequence[dict[str, Any]]) -> str:
+    """A row per replay: each arm's time to first token (first, median and last turn), and
+    the last turn's speedups, at the longest prompt."""
+    lines = _head("date", "commit", "device", "model", "format",
+                  "turns / last prompt / answer", "block",
+                  "first token ms (turn 1 / median / last): uncached", *REPLAY_ARMS[1:],
+                  "last turn: uncached / cached-memory", "uncached / cached-disk",
+                  "mlx-lm-server / cached-memory", "checks")
+    for r in reports:
+        if r["command"] != "agent-replay":
+            continue
+        options, last = r["options"], r["last_turn"]
+        ratios = cast(dict[str, float], last["ratios"])
+        cells = (
+            *_run_cells(r),
+            f"{options['turns']} / {last['prompt_tokens']} / {options['answer']}",
+            str(options["block_tokens"]), *(_first_tokens(r, arm) for arm in REPLAY_ARMS),
+            f"**{_x(ratios.get('uncached/cached-memory'))}**",
+            _x(ratios.get("uncached/cached-disk")), _x(ratios.get("mlx-lm-server/cached-memory")),
+            _checked(r["checks"].get("passed")),
         )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -244,6 +339,22 @@ def results_section(reports: Sequence[dict[str, Any]]) -> str:
     if any(r["command"] == "paired" for r in reports):
         parts += ["", "Against an earlier commit (`omnia-bench paired`, ratio working / ref):", "",
                   paired_table(reports)]
+    if any(r["command"] == "concurrency" for r in reports):
+        parts += ["", "Many streams at once (`omnia-bench concurrency`): per stream count, each "
+                  "engine's aggregate decode rate (every stream's tokens after the first one "
+                  "handed out, over the time to the last), omnia's over mlx-lm's (the median of "
+                  "each run's own ratio; every run's in brackets), and the median over streams "
+                  "and runs of a stream's time to first token and mean inter-token time. The "
+                  "checks: every stream ran its whole length and both engines read the same "
+                  "prompt tokens.", "", concurrency_table(reports)]
+    if any(r["command"] == "agent-replay" for r in reports):
+        parts += ["", "A conversation resent turn by turn (`omnia-bench agent-replay`): each "
+                  "arm's time to first token at the first turn, the median turn and the last "
+                  "(the longest prompt). `cached-disk` restarts its prefix cache before every "
+                  "turn, so its hits are read from disk; `mlx-lm-server` is asked over HTTP. "
+                  "Then the speedups at the last turn. The checks: each cached arm was served "
+                  "exactly the whole blocks its earlier turns left.", "",
+                  agent_replay_table(reports)]
     parts += ["", "Memory bandwidth measured in those runs (copies count bytes read and written, sums bytes "
               "read):", "", bandwidth_table(reports)]
     return "\n".join(parts)
