@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -303,8 +304,14 @@ def _garbage(path: Path, others: list[Path]) -> None:
     path.write_bytes(random.Random(0).randbytes(300))
 
 
+def _odd_header(path: Path, others: list[Path]) -> None:
+    header = b'[{"__metadata__": 7}]    '
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(64))
+
+
 @pytest.mark.parametrize(
-    "damage", [_flip_payload, _truncate, _appended, _renamed_from_another_key, _garbage]
+    "damage",
+    [_flip_payload, _truncate, _appended, _renamed_from_another_key, _garbage, _odd_header],
 )
 def test_a_damaged_file_is_dropped_not_served(
     tmp_path: Path, damage: Callable[[Path, list[Path]], None], caplog: pytest.LogCaptureFixture

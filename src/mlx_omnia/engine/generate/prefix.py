@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import mmap
 import os
 import queue
 import struct
@@ -24,6 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -31,7 +33,7 @@ from typing import Any, TypeAlias
 import mlx.core as mx
 import numpy as np
 
-from mlx_omnia.engine.core.mxcompat import evaluate, load_safetensors_with_metadata
+from mlx_omnia.engine.core.mxcompat import evaluate
 
 LayerState: TypeAlias = dict[str, mx.array]
 """One layer's state for one block, opaque to the store (today its keys and values)."""
@@ -100,6 +102,81 @@ def _host(a: mx.array) -> np.ndarray[Any, Any]:
     return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a, order="C", copy=True)
 
 
+@dataclass
+class _Block:
+    """A block file read and checked on the host: each layer's tensors as (name, safetensors
+    dtype, shape, bytes)."""
+
+    layers: list[list[tuple[str, str, list[int], memoryview]]]
+
+    def arrays(self) -> BlockState:
+        """The block's state (MLX arrays: made on the caller's thread)."""
+        return [{name: _array(code, shape, data) for name, code, shape, data in layer}
+                for layer in self.layers]
+
+
+# numpy's dtype of each safetensors code (bfloat16 as its uint16 bits)
+_NUMPY: dict[str, np.dtype[Any]] = {code: np.dtype(name) for code, name in (
+    ("BOOL", "bool"), ("U8", "uint8"), ("I8", "int8"), ("U16", "uint16"), ("I16", "int16"),
+    ("U32", "uint32"), ("I32", "int32"), ("U64", "uint64"), ("I64", "int64"),
+    ("F16", "float16"), ("BF16", "uint16"), ("F32", "float32"), ("F64", "float64"))}
+
+
+def _array(code: str, shape: list[int], data: memoryview) -> mx.array:
+    host = np.frombuffer(data, dtype=_NUMPY[code]).reshape(shape)
+    a = mx.array(host)
+    return a.view(mx.bfloat16) if code == "BF16" else a
+
+
+def _read_block(path: Path, key: bytes, digest: str) -> _Block:
+    """A block's file, once it proves to be the one `key` names (format, key, model) and to hold
+    exactly what was written (its size, its tensors' layout, the payload's SHA-256): host bytes
+    only, so reader threads run it side by side. The file is mapped, not read: the checksum and
+    the arrays read the page cache's bytes (writers replace files whole, so a mapped file never
+    shrinks under a reader)."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise ValueError("an empty file")
+        # the page cache's own bytes: hashed and copied into arrays once, never copied to here
+        data = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (length,) = struct.unpack("<Q", data[:8])
+    if 8 + length > len(data):
+        raise ValueError("header longer than the file")
+    header: Any = json.loads(bytes(data[8 : 8 + length]))
+    meta: Any = header.pop("__metadata__", {})
+    if meta.get("format") != _FORMAT or meta.get("key") != key.hex():
+        raise ValueError("not the block this key names")
+    if meta.get("model") != digest:
+        raise ValueError("written for another model")
+    layout: Any = json.loads(meta["layers"])
+    payload = data[8 + length :]
+    end = 0
+    layers: list[list[tuple[str, str, list[int], memoryview]]] = []
+    for i, layer in enumerate(layout):
+        tensors: list[tuple[str, str, list[int], memoryview]] = []
+        for name, code, shape in layer:
+            entry = header.pop(f"{i}.{name}")
+            start, stop = entry["data_offsets"]
+            count = int(np.prod(shape, dtype=np.int64))
+            if (entry["dtype"], entry["shape"]) != (code, shape) or code not in _NUMPY or (
+                start != end or stop - start != count * _NUMPY[code].itemsize
+            ):
+                raise ValueError("tensors differ from the metadata's layers")
+            tensors.append((str(name), code, list(shape), payload[start:stop]))
+            end = stop
+        layers.append(tensors)
+    if header:
+        raise ValueError("tensors the metadata's layers do not name")
+    if end != len(payload):
+        raise ValueError(f"{len(data)} bytes, not what its header describes")
+    if hashlib.sha256(payload).hexdigest() != meta.get("payload_sha256"):
+        raise ValueError("payload checksum mismatch")
+    return _Block(layers)
+
+
 def _unlink(paths: list[Path]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):  # one that will not go only costs disk space
@@ -125,6 +202,7 @@ class PrefixCache:
             "evictions", "disk_evictions", "dropped_corrupt", "disk_errors"), 0)
         self._jobs: queue.Queue[_Write | Path | None] = queue.Queue()  # a Path: touch it
         self._writer: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None  # the readers, made on first use
         if self._disk_dir is not None:
             self._scan(self._disk_dir)
             self._writer = threading.Thread(target=self._write_loop, daemon=True)
@@ -132,12 +210,34 @@ class PrefixCache:
 
     def lookup(self, model_key: str, tokens: Sequence[int]) -> list[BlockState]:
         """The states of the longest run of whole blocks of `tokens`, from the first, that the
-        cache holds (a disk hit is promoted into memory); [] on no hit."""
+        cache holds (a disk hit is promoted into memory); [] on no hit. The run's files are read
+        and checked on reader threads, all at once; the arrays are made here."""
         digest = hashlib.sha256(model_key.encode()).hexdigest()
-        found: list[BlockState] = []
+        run: list[tuple[bytes, BlockState | None]] = []  # None: on disk only
         for key in self._chain(model_key, tokens):
-            if (state := self._find(key, digest)) is None:
+            with self._lock:
+                held = self._memory.get(key)
+                on_disk = key in self._disk
+                if held is not None:
+                    self._memory.move_to_end(key)
+                if on_disk:
+                    self._disk.move_to_end(key)
+                    if self._writer is not None:  # the file's mtime is its age across restarts
+                        self._jobs.put(self._path(key))
+            if held is None and not on_disk:
                 break
+            run.append((key, None if held is None else held[0]))
+        reads = {key: self._readers().submit(_read_block, self._path(key), key, digest)
+                 for key, state in run if state is None}
+        found: list[BlockState] = []
+        for i, (key, state) in enumerate(run):
+            if state is None:
+                state = self._take(key, reads[key])
+                if state is None:
+                    for later, _ in run[i + 1:]:
+                        if later in reads:
+                            reads[later].cancel()
+                    break
             found.append(state)
         with self._lock:
             self._counts["hits"] += len(found)
@@ -189,6 +289,9 @@ class PrefixCache:
         """Flush and stop the writer thread; later stores keep to memory. Idempotent."""
         with self._lock:
             writer, self._writer = self._writer, None
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         if writer is not None:
             self._jobs.join()
             self._jobs.put(None)
@@ -229,22 +332,21 @@ class PrefixCache:
             self._counts["evictions"] += 1
         return True
 
-    def _find(self, key: bytes, digest: str) -> BlockState | None:
+    def _readers(self) -> ThreadPoolExecutor:
+        """The threads that read and check block files (host bytes only)."""
         with self._lock:
-            held = self._memory.get(key)
-            on_disk = key in self._disk
-            if held is not None:
-                self._memory.move_to_end(key)
-            if on_disk:
-                self._disk.move_to_end(key)
-                if self._writer is not None:  # the file's mtime is its age across restarts
-                    self._jobs.put(self._path(key))
-        if held is not None or not on_disk:
-            return None if held is None else held[0]
-        path, state = self._path(key), None
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                                thread_name_prefix="omnia-prefix-read")
+            return self._pool
+
+    def _take(self, key: bytes, read: Future[_Block]) -> BlockState | None:
+        """A disk block's state once its read is checked (kept in memory), or None where the
+        file was evicted meanwhile or fails its checks (deleted, counted)."""
+        path = self._path(key)
         try:
-            state = self._read(path, key, digest)
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as error:
+            state = read.result().arrays()
+        except Exception as error:  # whatever a bad file does, it costs a miss, never the caller
             corrupt = not isinstance(error, FileNotFoundError)  # else evicted meanwhile
             if corrupt:
                 logger.warning("prefix cache: dropping %s: %s", path, error)
@@ -256,34 +358,6 @@ class PrefixCache:
             return None
         with self._lock:
             self._keep(key, state)
-        return state
-
-    def _read(self, path: Path, key: bytes, digest: str) -> BlockState:
-        """A block's state from its file, once the file proves to be the one `key` names and to
-        hold exactly what was written."""
-        with path.open("rb") as f:
-            size, head = os.fstat(f.fileno()).st_size, f.read(8)
-        if len(head) < 8:
-            raise ValueError("shorter than a safetensors header")
-        arrays, meta = load_safetensors_with_metadata(path)
-        if meta.get("format") != _FORMAT or meta.get("key") != key.hex():
-            raise ValueError("not the block this key names")
-        if meta.get("model") != digest:
-            raise ValueError("written for another model")
-        layers: Any = json.loads(meta["layers"])
-        state = [{str(name): arrays.pop(f"{i}.{name}") for name, *_ in layer}
-                 for i, layer in enumerate(layers)]
-        tensors = [a for layer in state for a in layer.values()]
-        if arrays or _layout(state) != layers:
-            raise ValueError("tensors differ from the metadata's layers")
-        if size != 8 + struct.unpack("<Q", head)[0] + sum(a.nbytes for a in tensors):
-            raise ValueError(f"{size} bytes, not what its header describes")
-        evaluate(tensors)
-        payload = hashlib.sha256()
-        for a in tensors:
-            payload.update(_host(a).data)
-        if payload.hexdigest() != meta.get("payload_sha256"):
-            raise ValueError("payload checksum mismatch")
         return state
 
     def _encode(self, key: bytes, digest: str, state: BlockState) -> _Write | None:
