@@ -67,9 +67,9 @@ def main() -> None:
             def step(cache: BatchCache = cache, ids: mx.array = ids) -> list[mx.array]:
                 # keep the lengths where they are: the step's cost at this context
                 lengths = list(cache.lengths)
-                offsets = cache.offsets
                 logits = cache.forward(forward, ids)
-                cache.lengths, cache.offsets = lengths, offsets
+                cache.lengths = lengths
+                cache._sync()  # pyright: ignore[reportPrivateUsage]
                 return [logits, *cache.state()]
 
             ms = timed(step, args.steps)

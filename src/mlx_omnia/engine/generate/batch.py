@@ -18,7 +18,7 @@ from typing import cast
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.cache import BatchRows, KVCache
+from mlx_omnia.engine.core.cache import OFFSET_SLOTS, BatchRows, KVCache
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item
 from mlx_omnia.engine.generate.loop import COMPILE_ENV, Decoding, Network, prefill_chunk
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams, sample_rows
@@ -108,12 +108,17 @@ class BatchCache:
             self._reserve(longest + 1)
         logits, *buffers = forward(ids, self.offsets, *(a for kv in self.layers for a in kv))
         self.layers = list(zip(buffers[0::2], buffers[1::2], strict=True))
-        self.offsets = self.offsets + self._advance
+        self._offsets = self._offsets + self._advance
         self.lengths = [None if n is None else n + 1 for n in self.lengths]
         return logits
 
+    @property
+    def offsets(self) -> mx.array:
+        """Each slot's length on the device, int32 [P] (a free slot's 0)."""
+        return self._offsets[: self.slots]
+
     def state(self) -> list[mx.array]:
-        return [self.offsets, *(a for kv in self.layers for a in kv)]
+        return [self._offsets, *(a for kv in self.layers for a in kv)]
 
     def _reserve(self, rows: int) -> None:
         # a quarter more than needed: a long answer grows the buffers (and retraces a compiled
@@ -122,9 +127,12 @@ class BatchCache:
         self.layers = [(_padded(k, capacity), _padded(v, capacity)) for k, v in self.layers]
 
     def _sync(self) -> None:
-        """The device's offsets (a free slot's stays 0) from the host's lengths."""
-        self.offsets = mx.array([n or 0 for n in self.lengths], dtype=mx.int32)
-        self._advance = mx.array([int(n is not None) for n in self.lengths], dtype=mx.int32)
+        """The device's offsets (a free slot's stays 0) from the host's lengths: at least
+        OFFSET_SLOTS of them (16 bytes, past MLX's managed small-array pool on CUDA: core/cache.py),
+        `offsets` the first P."""
+        pad = [0] * max(0, OFFSET_SLOTS - self.slots)
+        self._offsets = mx.array([n or 0 for n in self.lengths] + pad, dtype=mx.int32)
+        self._advance = mx.array([int(n is not None) for n in self.lengths] + pad, dtype=mx.int32)
 
 
 _FORWARD = "_omnia_batch_forward"  # kept on the network: every batch reuses its traces
