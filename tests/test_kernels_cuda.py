@@ -124,6 +124,19 @@ def test_qmv_every_launch_candidate_matches_core(launch: Launch,
     assert rel_err(got, down.reference()(h, res)) <= 4 * ULP[dtype]
 
 
+def make_projections(case: str, k: int, fmt: tuple[int | None, int | None],
+                     dtype: mx.Dtype) -> Projections:
+    """q/k/v after a norm ("qkv"), a gated pair after a norm ("silu", "gelu_tanh"), or two plain
+    projections ("plain pair") of k inputs."""
+    if case == "qkv":
+        mats = [make_linear(k, n, fmt, dtype) for n in (2048, 512, 512)]
+        return Projections(mats, norm=make_norm(k, dtype))
+    if case == "plain pair":
+        return Projections([make_linear(k, 768, fmt, dtype) for _ in range(2)])
+    mats = [make_linear(k, 2816, fmt, dtype) for _ in range(2)]
+    return Projections(mats, norm=make_norm(k, dtype, 1e-5), gate=case)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("fmt", "dtype"), [(f, mx.bfloat16) for f in FORMATS] + [((4, 64), mx.float16)]
 )
@@ -131,14 +144,7 @@ def test_qmv_every_launch_candidate_matches_core(launch: Launch,
 def test_qmv_projections_match_core(case: str, fmt: tuple[int | None, int | None],
                                     dtype: mx.Dtype) -> None:
     k = 1024
-    if case == "qkv":
-        mats = [make_linear(k, n, fmt, dtype) for n in (2048, 512, 512)]
-        proj = Projections(mats, norm=make_norm(k, dtype))
-    elif case == "plain pair":
-        proj = Projections([make_linear(k, 768, fmt, dtype) for _ in range(2)])
-    else:
-        mats = [make_linear(k, 2816, fmt, dtype) for _ in range(2)]
-        proj = Projections(mats, norm=make_norm(k, dtype, 1e-5), gate=case)  # type: ignore[arg-type]
+    proj = make_projections(case, k, fmt, dtype)
     for m in proj.matrices:  # as loading does: every declaration bound once formats are final
         m.bind(force_reference=True)
     assert proj.bind() == "qmv_cuda"
@@ -198,14 +204,7 @@ def test_qmv_rows_projections_match_core(rows: int, case: str, fmt: tuple[int, i
                                          dtype: mx.Dtype) -> None:
     """q/k/v after a norm, gated pairs, a plain pair, for a batch's rows."""
     k = 1024
-    if case == "qkv":
-        mats = [make_linear(k, n, fmt, dtype) for n in (2048, 512, 512)]
-        proj = Projections(mats, norm=make_norm(k, dtype))
-    elif case == "plain pair":
-        proj = Projections([make_linear(k, 768, fmt, dtype) for _ in range(2)])
-    else:
-        mats = [make_linear(k, 2816, fmt, dtype) for _ in range(2)]
-        proj = Projections(mats, norm=make_norm(k, dtype, 1e-5), gate=case)  # type: ignore[arg-type]
+    proj = make_projections(case, k, fmt, dtype)
     for m in proj.matrices:
         m.bind(force_reference=True)
     assert proj.bind() == "qmv_cuda"

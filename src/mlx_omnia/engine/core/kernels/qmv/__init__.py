@@ -88,6 +88,7 @@ class QmvLinear(CudaKernel[Linear]):
         plain, fused = linear_spec(decl, residual=False), linear_spec(decl, residual=True)
         assert plain is not None and fused is not None
         reference = decl.reference()
+        rows_ok = {False: rows_fits(plain), True: rows_fits(fused)}  # by residual
         calls: dict[tuple[tuple[int, ...], bool], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
 
         def call(x: mx.array, residual: mx.array | None = None) -> mx.array:
@@ -96,9 +97,9 @@ class QmvLinear(CudaKernel[Linear]):
             ):
                 return reference(x, residual)
             if _few_rows(x, plain.k, plain.dtype):
-                spec = fused if residual is not None else plain
-                if not rows_fits(spec):
+                if not rows_ok[residual is not None]:
                     return reference(x, residual)
+                spec = fused if residual is not None else plain
                 inputs = [x, *matrix_inputs(decl)]
                 if residual is not None:
                     inputs.append(residual)
@@ -154,10 +155,11 @@ class QmvProjections(CudaKernel[Projections]):
         calls: dict[tuple[int, ...], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
 
         rows_spec = replace(spec, norm_eps=None)
+        rows_ok = rows_fits(rows_spec)
         norm = decl.norm
 
         def call(x: mx.array) -> tuple[mx.array, ...]:
-            if _few_rows(x, spec.k, spec.dtype) and rows_fits(rows_spec):
+            if rows_ok and _few_rows(x, spec.k, spec.dtype):
                 # the declared norm (its core module) first, then the rows kernel
                 h = norm(x) if norm is not None else x
                 inputs: list[mx.array] = [h]
