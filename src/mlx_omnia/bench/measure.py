@@ -134,18 +134,20 @@ def top_logits(row: mx.array, k: int = TOP_K) -> dict[int, float]:
 
 def omnia_arm(
     path: str, *, dtype: str, quantize: tuple[int, int] | None, reference: bool,
-    eager: bool = False, chained: bool = True,
+    eager: bool = False, chained: bool = True, kv_bits: int | None = None,
 ) -> Arm:
     """The engine through its public API; `reference` binds the core implementations, `eager`
     decodes without the compiled step (OMNIA_COMPILE=0, read when a sequence starts),
     `chained=False` binds no chained launch (OMNIA_CHAINED_KERNELS=0: each declaration of a pair
-    runs its own launch)."""
+    runs its own launch), `kv_bits` a quantized KV cache (Model.quantize_kv_cache)."""
     before = {name: os.environ.get(name) for name in (FORCE_REFERENCE_ENV, CHAINED_ENV)}
     os.environ[FORCE_REFERENCE_ENV] = "1" if reference else "0"  # read once, at binding
     os.environ[CHAINED_ENV] = "1" if chained else "0"
     try:
         q = None if quantize is None else {"bits": quantize[0], "group_size": quantize[1]}
         model = load(path, dtype=dtype, quantize=q)
+        if kv_bits is not None:
+            model.quantize_kv_cache(kv_bits)
     finally:
         for name, value in before.items():
             if value is None:
@@ -197,6 +199,8 @@ def omnia_arm(
 
     name = ("omnia-reference" if reference else "omnia-eager" if eager
             else "omnia-unchained" if not chained else "omnia")
+    if kv_bits is not None:
+        name += f"-kv{kv_bits}"
     return Arm(name, nbytes, new_sequence, bindings, step_bytes, generate, dtype)
 
 

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from mlx_omnia.engine.core.cache import PARTS
 from mlx_omnia.engine.generate.batch import BatchDecoding, BatchSequence
 from mlx_omnia.engine.generate.loop import Network
 from mlx_omnia.engine.model import Generation, Model
@@ -67,7 +68,7 @@ class Batch:
             self._ready.append((generation, generation.add(None)))
             return generation
 
-        def prefix() -> list[tuple[mx.array, mx.array]] | None:  # when its prefill starts
+        def prefix() -> list[tuple[mx.array, ...]] | None:  # when its prefill starts
             rows = self._cached_prefix(generation.prompt)
             generation.cached_tokens = rows[0][0].shape[2] if rows else 0
             return rows
@@ -123,21 +124,30 @@ class Batch:
     def _leave(self, seq: BatchSequence) -> None:
         self._decoding.remove(seq)
 
-    def _cached_prefix(self, prompt: list[int]) -> list[tuple[mx.array, mx.array]] | None:
+    @property
+    def _names(self) -> tuple[str, ...]:
+        """A layer's cache arrays, as blocks name them."""
+        return ("keys", "values") if self.model.kv_format is None else PARTS
+
+    @property
+    def _model_key(self) -> str:
+        """What the prefix cache keys this model's blocks by: what it computes with, and how it
+        caches (a quantized cache's blocks are its codes)."""
+        format = self.model.kv_format
+        return self.model.identity + ("" if format is None else f"/kv-{format.name}")
+
+    def _cached_prefix(self, prompt: list[int]) -> list[tuple[mx.array, ...]] | None:
         """Each layer's keys and values of the prompt's longest cached run of blocks (at least
         one prompt token is left to prefill: its logits sample the first token)."""
         if self.prefix_cache is None:
             return None
-        blocks = self.prefix_cache.lookup(self.model.identity, prompt[:-1])
-        if not blocks:
+        blocks = self.prefix_cache.lookup(self._model_key, prompt[:-1])
+        names = self._names
+        if not blocks or any(set(layer) != set(names) for layer in blocks[0]):
             return None
-        layers = len(blocks[0])
         return [
-            (
-                mx.concatenate([b[i]["keys"] for b in blocks], axis=2),
-                mx.concatenate([b[i]["values"] for b in blocks], axis=2),
-            )
-            for i in range(layers)
+            tuple(mx.concatenate([b[i][name] for b in blocks], axis=2) for name in names)
+            for i in range(len(blocks[0]))
         ]
 
     def _keep(self, seq: BatchSequence, tokens: list[int]) -> None:
@@ -148,8 +158,10 @@ class Batch:
         tokens = tokens[: rows[0][0].shape[2]]  # what the cache holds (the last token is not fed)
         size = self.prefix_cache.block_tokens
 
+        names = self._names
+
         def state_of(i: int) -> BlockState:
             block = slice(i * size, (i + 1) * size)
-            return [{"keys": k[:, :, block], "values": v[:, :, block]} for k, v in rows]
+            return [{n: a[:, :, block] for n, a in zip(names, layer, strict=True)} for layer in rows]
 
-        self.prefix_cache.store(self.model.identity, tokens, state_of)
+        self.prefix_cache.store(self._model_key, tokens, state_of)

@@ -15,7 +15,8 @@ import mlx.nn as nn
 from llguidance import LLTokenizer
 
 from mlx_omnia.engine.core.binder import bindings, declarations
-from mlx_omnia.engine.core.layers import Embedding, Projections
+from mlx_omnia.engine.core.cache import KVCache, KVFormat, kv_format, set_kv_format
+from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
 from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, named_modules
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
@@ -178,6 +179,38 @@ class Model:
     @property
     def model_type(self) -> str:
         return str(self.config.get("model_type", ""))
+
+    @property
+    def kv_format(self) -> KVFormat | None:
+        """How this model's sequences cache keys and values (None: as computed)."""
+        return kv_format(self.network)
+
+    def quantize_kv_cache(self, bits: int | None, group_size: int = 64) -> None:
+        """Cache every later sequence's keys and values as affine `bits`-bit codes (8 or 4) in
+        groups of `group_size` of a head's dims; None caches them as computed. Attention reads
+        the codes directly. Raises InvalidOptionsError where the model's attention cannot."""
+        if bits is None:
+            set_kv_format(self.network, None)
+            return
+        try:
+            format = KVFormat(bits, group_size)
+        except ValueError as e:
+            raise InvalidOptionsError(f"kv_bits: {e}") from None
+        if any(type(c) is not KVCache for c in self._decodable.make_cache()):
+            raise InvalidOptionsError(
+                f"kv_bits: {self.model_type} keeps a cache of its own; it cannot be quantized"
+            )
+        for name, m in named_modules(self.network):
+            if isinstance(m, AttentionStep) and not (
+                format.fits(m.head_dim) and format.fits(m.value_dim)
+            ):
+                raise InvalidOptionsError(
+                    f"kv_bits: {name} has heads of {m.head_dim} dims, not a multiple of the "
+                    f"group size {group_size}; pass kv_group_size=32"
+                    if format.fits(32) and m.head_dim % 32 == 0 else
+                    f"kv_bits: {name} has heads of {m.head_dim} dims, which no group size divides"
+                )
+        set_kv_format(self.network, format)
 
     def bindings(self) -> dict[str, str]:
         """The implementation bound to each layer declaration, by module path."""

@@ -6,8 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlx_omnia.allocator import reexec_with_jemalloc
+
+if TYPE_CHECKING:
+    from mlx_omnia.server.settings import Settings
 
 
 def parse_size(text: str) -> int:
@@ -21,6 +25,26 @@ def parse_size(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # started as a program: with jemalloc when installed (mlx_omnia.allocator)
         reexec_with_jemalloc()
+    settings = build_settings(argv)
+    host, port = settings.host, settings.port
+
+    import uvicorn
+
+    from mlx_omnia.server.app import create_app
+
+    app = create_app(settings)
+    manager = app.state.omnia.manager
+    if settings.model:
+        path = Path(settings.model).expanduser()
+        model_id = manager.add_alias(path) if path.exists() else manager.check_id(settings.model)
+        manager.default_id = model_id
+        manager.release(manager.get(model_id))
+    uvicorn.run(app, host=host, port=port, log_level="info")
+    return 0
+
+
+def build_settings(argv: list[str] | None) -> Settings:
+    """The server's settings from its command line (None: sys.argv)."""
     from mlx_omnia.server.settings import Settings
 
     parser = argparse.ArgumentParser(prog="omnia-server", description="Serve models over HTTP.")
@@ -39,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="disk for cached prompt prefixes, e.g. 8G (0: off)")
     parser.add_argument("--prefix-cache-dir", default=None,
                         help="where the disk tier lives (default: the platform's cache dir)")
+    parser.add_argument("--kv-bits", type=int, choices=[4, 8], default=None,
+                        help="cache keys and values as 8- or 4-bit codes (default: as computed)")
+    parser.add_argument("--kv-group-size", type=int, choices=[32, 64, 128], default=64,
+                        help="a quantized cache's group of head dims sharing a scale")
     parser.add_argument("--cors-origin", action="append", default=[])
     parser.add_argument("--max-body", type=parse_size, default=None, help="request body limit, e.g. 8M")
     args = parser.parse_args(argv)
@@ -53,25 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         settings.prefix_disk = args.prefix_cache_disk
     if args.prefix_cache_dir is not None:
         settings.prefix_dir = Path(args.prefix_cache_dir)
+    settings.kv_bits, settings.kv_group_size = args.kv_bits, args.kv_group_size
     if args.max_body is not None:
         settings.max_body_bytes = args.max_body
     if args.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         print(f"WARNING: serving on {args.host} without an API key: anyone who can reach this "
               "address can use the models. Set --api-key or OMNIA_API_KEY.", file=sys.stderr)
-
-    import uvicorn
-
-    from mlx_omnia.server.app import create_app
-
-    app = create_app(settings)
-    manager = app.state.omnia.manager
-    if args.model:
-        path = Path(args.model).expanduser()
-        model_id = manager.add_alias(path) if path.exists() else manager.check_id(args.model)
-        manager.default_id = model_id
-        manager.release(manager.get(model_id))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    return 0
+    return settings
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ against the memory budget, evicting least-recently-used idle models, unloading i
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -11,7 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlx_omnia import Model, OmniaError, cached_models, estimate_memory, load
+from mlx_omnia import (
+    InvalidOptionsError,
+    Model,
+    OmniaError,
+    cached_models,
+    estimate_memory,
+    load,
+)
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.settings import Settings
 
@@ -50,6 +58,9 @@ def _estimate(reference: str | Path | None) -> int:
         return 0
 
 
+logger = logging.getLogger(__name__)
+
+
 @dataclass
 class Resident:
     id: str
@@ -70,13 +81,22 @@ class ModelManager:
     ) -> None:
         self.settings = settings
         # Requests load what is on disk; downloads happen only through POST /admin/models.
-        self._loader: Loader = loader or (lambda ref: load(ref, local_files_only=True))
+        self._loader: Loader = loader or self._load
         self._pricer: Pricer = pricer or _estimate
         self._resident: OrderedDict[str, Resident] = OrderedDict()
         self._aliases: dict[str, Path] = {}
         self._state = threading.Lock()  # guards _resident
         self._loading = threading.Lock()  # one load at a time
         self.default_id = DEFAULT_MODEL
+
+    def _load(self, ref: str | Path | None) -> Model:
+        model = load(ref, local_files_only=True)
+        if self.settings.kv_bits is not None:
+            try:
+                model.quantize_kv_cache(self.settings.kv_bits, self.settings.kv_group_size)
+            except InvalidOptionsError as e:
+                logger.warning("%s keeps a plain KV cache: %s", model.name, e)
+        return model
 
     # -- ids ---------------------------------------------------------------------------------
     def add_alias(self, path: Path) -> str:

@@ -42,6 +42,10 @@ class Settings:
     prefix_disk: int = 8 * 1024**3
     prefix_dir: Path | None = None
     prefix_block: int = 256
+    # A quantized KV cache for every model loaded (8 or 4 bits; None: as computed); a model
+    # whose attention cannot take it is served with a plain cache, and the log says so.
+    kv_bits: int | None = None
+    kv_group_size: int = 64
     cors_origins: tuple[str, ...] = ()
     model: str | None = None  # preloaded at start
     max_body_bytes: int = 8 * 1024 * 1024

@@ -13,7 +13,14 @@ from typing import Literal
 import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration, Declared
-from mlx_omnia.engine.core.cache import KVCache, Mask, StaticKVCache, visibility
+from mlx_omnia.engine.core.cache import (
+    QUANTIZED_CACHES,
+    KVCache,
+    Mask,
+    StaticKVCache,
+    quantized_attention,
+    visibility,
+)
 from mlx_omnia.engine.core.mxcompat import (
     drop_parameters,
     gelu_tanh_mul,
@@ -391,9 +398,20 @@ class AttentionStep(Declaration):
             sinks: mx.array | None = None,
         ) -> mx.array:
             length = q.shape[2]
-            if cache is not None:
+            if isinstance(cache, QUANTIZED_CACHES):
+                qk, qv = cache.update_and_fetch_quantized(k, v)
+                mask: Mask = cache.attention_mask(length, qk[0].shape[2], self.window)
+                if length == 1:  # a decode step reads the codes (half or a quarter the bytes)
+                    return quantized_attention(
+                        q, qk, qv, cache.format, scale=scale, mask=mask, sinks=sinks,
+                        softcap=softcap,
+                    )
+                # a prefill chunk's many queries: the same arithmetic over the dequantized
+                # rows, through the fused attention (no [L, T] scores of quantized matmuls)
+                k, v = cache.format.dequantize(qk, q.dtype), cache.format.dequantize(qv, q.dtype)
+            elif cache is not None:
                 k, v = cache.update_and_fetch(k, v)
-                mask: Mask = cache.attention_mask(length, k.shape[2], self.window)
+                mask = cache.attention_mask(length, k.shape[2], self.window)
             elif self.window is None:
                 mask = "causal" if length > 1 else None
             else:

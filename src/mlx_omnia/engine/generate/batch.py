@@ -18,18 +18,32 @@ from typing import cast
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.cache import OFFSET_SLOTS, BatchRows, KVCache
+from mlx_omnia.engine.core.cache import (
+    OFFSET_SLOTS,
+    PARTS,
+    BatchRows,
+    KVCache,
+    QuantizedBatchRows,
+    kv_format,
+)
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item
-from mlx_omnia.engine.generate.loop import COMPILE_ENV, Decoding, Network, prefill_chunk
+from mlx_omnia.engine.generate.loop import (
+    COMPILE_ENV,
+    Decoding,
+    LayerRows,
+    Network,
+    prefill_chunk,
+)
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams, sample_rows
 
-Rows = list[tuple[mx.array, mx.array]]  # each layer's keys and values of one sequence
-BatchForward = Callable[..., list[mx.array]]  # (ids, offsets, k0, v0, k1, ...) -> [logits, k0, ...]
+Rows = list[LayerRows]  # each layer's keys and values (or quantized PARTS) of one sequence
+# (ids, offsets, *layer 0's arrays, *layer 1's, ...) -> [logits, *layer 0's arrays, ...]
+BatchForward = Callable[..., list[mx.array]]
 
 
 class BatchCache:
-    """Every layer's keys and values for the batch: [P, H, capacity, D] a layer, P slots (a
-    power of two), a sequence a slot, filled up to its length (the same in every layer). A free
+    """Every layer's keys and values for the batch: [P, H, capacity, D] a layer (or the six
+    quantized PARTS, [P, H, capacity, *]), P slots (a power of two), a sequence a slot, filled up to its length (the same in every layer). A free
     slot has no length: its row is computed with the others and ignored, so sequences join and
     leave without changing the step's shapes (a compiled step keeps one trace per slot count
     and capacity) and without copying the other rows. The host reserves capacity before a
@@ -38,12 +52,10 @@ class BatchCache:
     step = 256
 
     def __init__(self, first: Rows) -> None:
-        """Two slots, the first holding `first` (each layer's keys and values [1, H, T, D])."""
+        """Two slots, the first holding `first` (each layer's arrays [1, H, T, *])."""
         length = first[0][0].shape[2]
         capacity = _rounded(length, self.step)
-        self.layers: Rows = [
-            (_slots(_padded(k, capacity), 2), _slots(_padded(v, capacity), 2)) for k, v in first
-        ]
+        self.layers: Rows = [tuple(_slots(_padded(a, capacity), 2) for a in layer) for layer in first]
         self.lengths: list[int | None] = [length, None]
         self._sync()
 
@@ -63,18 +75,15 @@ class BatchCache:
         """Place a sequence in a free slot (the slots double when none is); returns the slot."""
         if None not in self.lengths:
             grow = self.slots
-            self.layers = [(_slots(k, 2 * grow), _slots(v, 2 * grow)) for k, v in self.layers]
+            self.layers = [tuple(_slots(a, 2 * grow) for a in layer) for layer in self.layers]
             self.lengths += [None] * grow
         slot = self.lengths.index(None)
         length = rows[0][0].shape[2]
         if length > self.capacity:
             self._reserve(length)
-        layers: Rows = []
-        for (k, v), (nk, nv) in zip(self.layers, rows, strict=True):
-            k[slot : slot + 1, :, :length] = nk
-            v[slot : slot + 1, :, :length] = nv
-            layers.append((k, v))
-        self.layers = layers
+        for layer, new in zip(self.layers, rows, strict=True):
+            for a, rows_of in zip(layer, new, strict=True):
+                a[slot : slot + 1, :, :length] = rows_of
         self.lengths[slot] = length
         self._sync()
         return slot
@@ -90,15 +99,15 @@ class BatchCache:
             moved = {old: new for new, old in enumerate(kept)}
             order = kept + [i for i in range(self.slots) if i not in moved][: half - len(kept)]
             index = mx.array(order, dtype=mx.int32)
-            self.layers = [(k[index], v[index]) for k, v in self.layers]
+            self.layers = [tuple(a[index] for a in layer) for layer in self.layers]
             self.lengths = [self.lengths[i] for i in kept] + [None] * (half - len(kept))
         self._sync()
         return moved
 
     def row(self, slot: int) -> Rows:
-        """A slot's filled keys and values, every layer, [1, H, T, D] (views)."""
+        """A slot's filled keys and values, every layer, [1, H, T, *] (views)."""
         n = self.lengths[slot] or 0
-        return [(k[slot : slot + 1, :, :n], v[slot : slot + 1, :, :n]) for k, v in self.layers]
+        return [tuple(a[slot : slot + 1, :, :n] for a in layer) for layer in self.layers]
 
     def forward(self, forward: BatchForward, ids: mx.array) -> mx.array:
         """Logits [P, V] for one new token a slot (ids [P, 1]; a free slot's is ignored), each
@@ -106,8 +115,9 @@ class BatchCache:
         longest = max(n for n in self.lengths if n is not None)
         if longest + 1 > self.capacity:
             self._reserve(longest + 1)
-        logits, *buffers = forward(ids, self.offsets, *(a for kv in self.layers for a in kv))
-        self.layers = list(zip(buffers[0::2], buffers[1::2], strict=True))
+        logits, *buffers = forward(ids, self.offsets, *(a for layer in self.layers for a in layer))
+        width = len(self.layers[0])
+        self.layers = [tuple(buffers[i : i + width]) for i in range(0, len(buffers), width)]
         self._offsets = self._offsets + self._advance
         self.lengths = [None if n is None else n + 1 for n in self.lengths]
         return logits
@@ -118,13 +128,13 @@ class BatchCache:
         return self._offsets[: self.slots]
 
     def state(self) -> list[mx.array]:
-        return [self._offsets, *(a for kv in self.layers for a in kv)]
+        return [self._offsets, *(a for layer in self.layers for a in layer)]
 
     def _reserve(self, rows: int) -> None:
         # a quarter more than needed: a long answer grows the buffers (and retraces a compiled
         # step) a few dozen times over 16k tokens, not once every 256
         capacity = _rounded(max(rows, self.capacity + self.capacity // 4), self.step)
-        self.layers = [(_padded(k, capacity), _padded(v, capacity)) for k, v in self.layers]
+        self.layers = [tuple(_padded(a, capacity) for a in layer) for layer in self.layers]
 
     def _sync(self) -> None:
         """The device's offsets (a free slot's stays 0) from the host's lengths: at least
@@ -143,17 +153,24 @@ def batch_forward(network: Network) -> BatchForward:
     trace per batch size and capacity, kept (with the compiled function, on the network) for
     every later batch of this network."""
     compiled = os.environ.get(COMPILE_ENV, "auto") != "0"
-    kept: tuple[bool, BatchForward] | None = getattr(network, _FORWARD, None)
-    if kept is not None and kept[0] == compiled:
-        return kept[1]
+    format = kv_format(network)
+    kept: tuple[bool, object, BatchForward] | None = getattr(network, _FORWARD, None)
+    if kept is not None and kept[:2] == (compiled, format):
+        return kept[2]
 
     def forward(ids: mx.array, offsets: mx.array, *buffers: mx.array) -> list[mx.array]:
-        rows = [BatchRows(k, v, offsets) for k, v in zip(buffers[0::2], buffers[1::2], strict=True)]
-        logits = network(ids, cast(list[KVCache], rows))[:, -1, :]
-        return [logits, *(a for r in rows for a in (r.keys, r.values))]
+        if format is None:
+            rows = [BatchRows(k, v, offsets) for k, v in zip(buffers[0::2], buffers[1::2], strict=True)]
+            logits = network(ids, cast(list[KVCache], rows))[:, -1, :]
+            return [logits, *(a for r in rows for a in (r.keys, r.values))]
+        width = len(PARTS)
+        quantized = [QuantizedBatchRows(format, buffers[i : i + width], offsets)
+                     for i in range(0, len(buffers), width)]
+        logits = network(ids, cast(list[KVCache], quantized))[:, -1, :]
+        return [logits, *(a for r in quantized for a in r.parts)]
 
     made = cast(BatchForward, mx.compile(forward)) if compiled else forward
-    setattr(network, _FORWARD, (compiled, made))
+    setattr(network, _FORWARD, (compiled, format, made))
     return made
 
 

@@ -13,7 +13,16 @@ from typing import Protocol, cast, runtime_checkable
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
+from mlx_omnia.engine.core.cache import (
+    KVCache,
+    KVFormat,
+    QuantizedKVCache,
+    StaticQuantizedKVCache,
+    filled_cache,
+    kv_format,
+    sequence_caches,
+    static_cache,
+)
 from mlx_omnia.engine.core.layers import AttentionStep
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item, named_modules
 
@@ -34,6 +43,9 @@ class Network(Protocol):
 PREFILL_CHUNK = 512
 PREFILL_CHUNK_GPU = 2048
 COMPILE_ENV = "OMNIA_COMPILE"
+LayerRows = tuple[mx.array, ...]
+"""One layer's cache rows of one sequence: keys and values [1, H, T, D], or the six PARTS arrays
+[1, H, T, *] of a quantized cache (core/cache.py)."""
 
 
 def prefill_chunk() -> int:
@@ -43,10 +55,16 @@ def prefill_chunk() -> int:
     return PREFILL_CHUNK_GPU if mx.default_device() == mx.gpu else PREFILL_CHUNK
 
 
-def prefill(network: Network, ids: list[int], cache: list[KVCache]) -> mx.array:
+EagerCache = KVCache | QuantizedKVCache  # a sequence's cache of one layer, as prefill fills it
+
+
+def prefill(network: Network, ids: list[int], caches: Sequence[EagerCache]) -> mx.array:
     """Run the prompt through the network in chunks; returns the last position's logits [V]."""
     if not ids:
         raise ValueError("cannot generate from an empty prompt")
+    # families take any cache through `offset` / `update_and_fetch` / `attention_mask` (a
+    # quantized one is read by the AttentionStep itself)
+    cache = cast(list[KVCache], list(caches))
     start, chunk = 0, prefill_chunk()
     while len(ids) - start > chunk:
         network(mx.array([ids[start : start + chunk]], dtype=mx.int32), cache)
@@ -68,8 +86,8 @@ class CompiledStep:
     # The idle step is kept on the network itself (nn.Module is a dict: not weak-hashable).
     _IDLE = "_omnia_idle_compiled_step"
 
-    def __init__(self, network: Network, caches: list[KVCache]) -> None:
-        self.caches = [StaticKVCache.from_cache(c) for c in caches]
+    def __init__(self, network: Network, caches: Sequence[EagerCache]) -> None:
+        self.caches = [static_cache(c) for c in caches]
         self.length = 0
         self._fits = self._capacity()
         self._network = network
@@ -84,18 +102,27 @@ class CompiledStep:
         self._step = mx.compile(step, inputs=state, outputs=state)
 
     @classmethod
-    def acquire(cls, network: Network, caches: list[KVCache], length: int) -> CompiledStep:
+    def acquire(cls, network: Network, caches: Sequence[EagerCache], length: int) -> CompiledStep:
         """A compiled step loaded with these prefilled caches; `release` it when done."""
         step: CompiledStep | None = getattr(network, cls._IDLE, None)
         setattr(network, cls._IDLE, None)
-        if step is None or len(step.caches) != len(caches):
+        if step is None or not step.takes(caches):
             step = cls(network, caches)
         else:
             for static, cache in zip(step.caches, caches, strict=True):
-                static.load(cache)
+                if isinstance(static, StaticQuantizedKVCache):
+                    static.load(cast(QuantizedKVCache, cache))
+                else:
+                    static.load(cast(KVCache, cache))
             step._fits = step._capacity()
         step.length = length
         return step
+
+    def takes(self, caches: Sequence[EagerCache]) -> bool:
+        """Whether these caches fit this step's (as many, each in the same format)."""
+        return len(caches) == len(self.caches) and all(
+            _format(c) == _format(s) for c, s in zip(caches, self.caches, strict=True)
+        )
 
     def release(self) -> None:
         """Keep this step (its traces) on the network for the next sequence; the sequence's
@@ -131,6 +158,10 @@ class CompiledStep:
         return [a for c in self.caches for a in c.state.values()]
 
 
+def _format(cache: object) -> KVFormat | None:
+    return cache.format if isinstance(cache, QuantizedKVCache | StaticQuantizedKVCache) else None
+
+
 def compile_enabled(network: Network) -> bool:
     """Whether decode runs the compiled step. OMNIA_COMPILE=1 / 0 forces it on / off. By default
     it is on for the CPU backend, and on a GPU when every AttentionStep of the network is bound
@@ -156,24 +187,22 @@ class Decoding:
     compiled step (its traces) back to the network for the next sequence; a Decoding dropped
     without `close` hands it back then (otherwise every new sequence would trace it again)."""
 
-    def __init__(self, network: Network, rows: Sequence[tuple[mx.array, mx.array]] = ()) -> None:
+    def __init__(self, network: Network, rows: Sequence[LayerRows] = ()) -> None:
         self._network = network
-        self._cache = network.make_cache()
+        self._cache: list[EagerCache] = sequence_caches(network, network.make_cache())
         self._step: CompiledStep | None = None
         self._compile = compile_enabled(network)
         self.length = 0
         if rows:  # a sequence taken over with its keys and values (a prefix, a batch's row)
-            self._cache = [KVCache.filled(k, v) for k, v in rows]
+            format = kv_format(network)
+            self._cache = [filled_cache(format, r) for r in rows]
             self.length = rows[0][0].shape[2]
 
-    def rows(self) -> list[tuple[mx.array, mx.array]]:
-        """Each layer's keys and values [1, H, length, D] so far (views; what `Decoding(network,
-        rows)` takes over)."""
+    def rows(self) -> list[LayerRows]:
+        """Each layer's keys and values [1, H, length, D] so far, or their PARTS when the cache
+        is quantized (views; what `Decoding(network, rows)` takes over)."""
         if self._step is not None:
-            n = self._step.length
-            return [
-                (c.state["keys"][:, :, :n], c.state["values"][:, :, :n]) for c in self._step.caches
-            ]
+            return [c.rows(self._step.length) for c in self._step.caches]
         return [c.rows() for c in self._cache]
 
     def feed(self, ids: Sequence[int], last_only: bool = False) -> mx.array:
@@ -191,7 +220,7 @@ class Decoding:
             return self._step.feed_many(batch, last_only)
         if last_only and len(ids) > 1:
             return prefill(self._network, list(ids), self._cache)[None]
-        return self._network(batch, self._cache, last_only)[0]
+        return self._network(batch, cast(list[KVCache], self._cache), last_only)[0]
 
     def step(self, token: mx.array) -> mx.array:
         """Logits [V] for one token [1, 1] (int32; it may still be lazy, as a token generation
@@ -206,7 +235,7 @@ class Decoding:
         self.length += 1
         if self._step is not None:
             return self._step(token)
-        return self._network(token, self._cache)[0, -1, :]
+        return self._network(token, cast(list[KVCache], self._cache))[0, -1, :]
 
     def queue(self, token: mx.array) -> None:
         """Start evaluating a sampled token, with the caches the compiled step wrote, while the

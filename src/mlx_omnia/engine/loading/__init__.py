@@ -39,6 +39,8 @@ def load(
     revision: str | None = None,
     local_files_only: bool = False,
     reference_kernels: bool | None = None,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
 ) -> Model:
     """Load a model: a local HF checkpoint directory, a hub repo id, a .gguf file, or
     "smollm2-135m-instruct"; None loads that embedded default model.
@@ -49,15 +51,23 @@ def load(
     {"bits": 4, "group_size": 64}, for unquantized checkpoints.
     reference_kernels: True binds every layer declaration to its core MLX implementation (the
     numerical reference, for A/B runs) instead of a specialized kernel; None reads
-    OMNIA_REFERENCE_KERNELS (1 = reference). `Model.bindings()` reports what each layer got."""
+    OMNIA_REFERENCE_KERNELS (1 = reference). `Model.bindings()` reports what each layer got.
+    kv_bits: cache keys and values as 8- or 4-bit codes in groups of `kv_group_size` of a
+    head's dims (`Model.quantize_kv_cache`); None caches them as computed."""
     want = _dtype(dtype)
     spec = _quantize_spec(quantize)
     source = resolve(model, revision=revision, local_files_only=local_files_only)
     if source.kind == "gguf":
         from mlx_omnia.engine.loading.gguf import load_gguf
 
-        return load_gguf(source, dtype=want, quantize=spec, reference_kernels=reference_kernels)
-    return _load_directory(source, dtype=want, quantize=spec, reference_kernels=reference_kernels)
+        loaded = load_gguf(source, dtype=want, quantize=spec, reference_kernels=reference_kernels)
+    else:
+        loaded = _load_directory(
+            source, dtype=want, quantize=spec, reference_kernels=reference_kernels
+        )
+    if kv_bits is not None:
+        loaded.quantize_kv_cache(kv_bits, kv_group_size)
+    return loaded
 
 
 def _dtype(dtype: str | mx.Dtype | None) -> mx.Dtype | None:
