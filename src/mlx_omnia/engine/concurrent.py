@@ -141,10 +141,10 @@ class Batch:
         one prompt token is left to prefill: its logits sample the first token)."""
         if self.prefix_cache is None:
             return None
-        blocks = self.prefix_cache.lookup(self._model_key, prompt[:-1])
-        names = self._names
-        if not blocks or any(set(layer) != set(names) for layer in blocks[0]):
+        blocks = self.prefix_cache.lookup(self._model_key, prompt[:-1])  # keyed by the format
+        if not blocks:
             return None
+        names = self._names
         return [
             tuple(mx.concatenate([b[i][name] for b in blocks], axis=2) for name in names)
             for i in range(len(blocks[0]))

@@ -201,14 +201,13 @@ class Model:
                 f"kv_bits: {self.model_type} keeps a cache of its own; it cannot be quantized"
             )
         for name, m in named_modules(self.network):
-            if isinstance(m, AttentionStep) and not (
-                format.fits(m.head_dim) and format.fits(m.value_dim)
-            ):
+            dims = sorted({m.head_dim, m.value_dim}) if isinstance(m, AttentionStep) else []
+            if not all(format.fits(d) for d in dims):
+                hint = ("pass kv_group_size=32" if all(d % 32 == 0 for d in dims)
+                        else "no group size divides them")
                 raise InvalidOptionsError(
-                    f"kv_bits: {name} has heads of {m.head_dim} dims, not a multiple of the "
-                    f"group size {group_size}; pass kv_group_size=32"
-                    if format.fits(32) and m.head_dim % 32 == 0 else
-                    f"kv_bits: {name} has heads of {m.head_dim} dims, which no group size divides"
+                    f"kv_bits: {name} has heads of {' and '.join(map(str, dims))} dims, not "
+                    f"multiples of the group size {group_size}: {hint}"
                 )
         set_kv_format(self.network, format)
 

@@ -205,7 +205,7 @@ class BatchRows:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         n = keys.shape[2]
         start = self._offsets
-        columns = start[:, None, None, None] + mx.arange(n, dtype=mx.int32)[None, None, :, None]
+        columns = _columns(start, n)
         self.keys = mx.put_along_axis(
             self.keys, mx.broadcast_to(columns, keys.shape), keys, axis=2
         )
@@ -395,9 +395,6 @@ class StaticQuantizedKVCache:
     def attention_mask(self, queries: int, keys: int, window: int | None) -> Mask:
         return visibility(self._start[0], queries, keys, window)
 
-    def arrays(self) -> list[mx.array]:
-        return list(self.state.values())
-
 
 class QuantizedBatchRows:
     """BatchRows' quantized counterpart: PARTS' arrays [B, H, capacity, *], row b filled at
@@ -417,7 +414,7 @@ class QuantizedBatchRows:
     ) -> tuple[Quantized, Quantized]:
         n = keys.shape[2]
         start = self._offsets
-        columns = start[:, None, None, None] + mx.arange(n, dtype=mx.int32)[None, None, :, None]
+        columns = _columns(start, n)
         new = (*self.format.quantize(keys), *self.format.quantize(values))
         self.parts = tuple(
             mx.put_along_axis(p, mx.broadcast_to(columns, rows.shape), rows, axis=2)
@@ -431,12 +428,16 @@ class QuantizedBatchRows:
         return _rows_mask(self._start, queries, keys, window)
 
 
-QuantizedCache = QuantizedKVCache | StaticQuantizedKVCache | QuantizedBatchRows
 QUANTIZED_CACHES = (QuantizedKVCache, StaticQuantizedKVCache, QuantizedBatchRows)
 
 
 def _split(parts: Sequence[mx.array]) -> tuple[Quantized, Quantized]:
     return (parts[0], parts[1], parts[2]), (parts[3], parts[4], parts[5])
+
+
+def _columns(start: mx.array, n: int) -> mx.array:
+    """Where n new rows go in each batch row b: start[b] + [0, n), shaped [B, 1, n, 1]."""
+    return start[:, None, None, None] + mx.arange(n, dtype=mx.int32)[None, None, :, None]
 
 
 def _rows_mask(start: mx.array, queries: int, keys: int, window: int | None) -> mx.array:
