@@ -7,7 +7,10 @@ Qwen3-30B-A3B's (128 experts, top 8, hidden 2048, intermediate 768) in affine 4-
 Arms: `gather` (gather_qmm, a row per token and expert, unsorted); `sorted` (rows sorted by
 expert, gather_qmm told so, then unsorted); `segments` (rows sorted, one quantized_matmul per
 expert over its run of rows: a host read of the counts); `dequant` (every expert dequantized,
-then gather_mm over sorted rows)."""
+then gather_mm over sorted rows); `grouped` (core/moe.py's ExpertGroups layout: rows grouped by
+expert in blocks of 16-64 rows, one gather_qmm over the blocks, M = the block's rows; the layout
+made once for both matmuls); `core` (the GateUp and DownCombine declarations' core calls, as a
+prefill chunk runs them: the layout made for each)."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +19,8 @@ from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from mlx_omnia.engine.core.moe import DownCombine, ExpertGroups, GateUp
 
 Arm = Callable[[mx.array, mx.array], mx.array]
 
@@ -110,8 +115,26 @@ def main() -> None:
         y = y.squeeze(-2)[inverse].reshape(t, k, d)
         return (y * weights[..., None]).sum(axis=-2)
 
+    def grouped(x: mx.array, ids: mx.array) -> mx.array:
+        groups = ExpertGroups.of(ids, e)
+        h = mx.gather_qmm(groups.take(x, k), *gu, rhs_indices=groups.expert, transpose=True,
+                          group_size=64, bits=4)
+        blocks = mx.gather_qmm(mlp(h), *down, rhs_indices=groups.expert, transpose=True,
+                               group_size=64, bits=4)
+        y = groups.put_back(blocks).reshape(t, k, d)
+        return (y * weights[..., None]).sum(axis=-2)
+
+    up_decl, down_decl = GateUp(e, d, f), DownCombine(e, f, d)
+    for decl, (wq, s, b) in ((up_decl, gu), (down_decl, down)):
+        decl.weight, decl.scales, decl.biases = wq, s, b
+        decl.bits, decl.group_size = 4, 64
+    core_up, core_down = up_decl.reference(), down_decl.reference()
+
+    def core(x: mx.array, ids: mx.array) -> mx.array:
+        return core_down(core_up(x, ids), ids, weights)
+
     arms: dict[str, Arm] = {"gather": gather, "sorted": sorted_arm, "segments": segments,
-                            "dequant": dequant}
+                            "dequant": dequant, "grouped": grouped, "core": core}
     ref = gather(x, ids).astype(mx.float32)
     scale = mx.abs(ref).max().item()
     print(f"{t} tokens, {e} experts top {k}, {d}x{f}, 4-bit g64, {mx.default_device()}")

@@ -14,10 +14,10 @@ import mlx.nn as nn
 
 from mlx_omnia.engine.core import fusion
 from mlx_omnia.engine.core.binding import Declaration
-from mlx_omnia.engine.core.kernels import attention_step, moe, qmv, scratch_scope
+from mlx_omnia.engine.core.kernels import attention_step, grouped_experts, moe, qmv, scratch_scope
 from mlx_omnia.engine.core.mxcompat import named_modules
 
-KERNEL_PACKAGES = (qmv, attention_step, moe)  # imported for their registrations
+KERNEL_PACKAGES = (qmv, attention_step, moe, grouped_experts)  # imported for their registrations
 
 FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
 CHAINED_ENV = "OMNIA_CHAINED_KERNELS"

@@ -40,6 +40,9 @@ class Kernel(Generic[D]):
     name: str = ""
     declaration: type[Any] = object
     chained: bool = False
+    # a kernel that fits every declaration of its type (the core's own arithmetic, laid out for
+    # a backend): tried after the specialized kernels of the type, whatever the import order
+    general: bool = False
 
     def fits(self, decl: D) -> bool:
         raise NotImplementedError
@@ -63,8 +66,9 @@ def register(kernel: Kernel[Any]) -> None:
 
 
 def kernels_for(declaration: type[Any]) -> tuple[Kernel[Any], ...]:
-    """The kernels registered for exactly this declaration type, in trial order."""
-    return tuple(_KERNELS.get(declaration, ()))
+    """The kernels registered for exactly this declaration type, in trial order: in the order
+    they registered, general kernels last."""
+    return tuple(sorted(_KERNELS.get(declaration, ()), key=lambda k: k.general))
 
 
 class Declaration(nn.Module):

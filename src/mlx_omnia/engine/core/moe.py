@@ -4,7 +4,11 @@ A sparse block is Route (router logits -> top-k expert ids and weights), GateUp 
 experts' gate and up projections, silu(gate) * up) and DownCombine (the selected experts' down
 projections, weighted by the routing weights and summed over the k experts). Expert matrices are
 stacked along a leading expert axis, [n_experts, out, in], dense or affine-quantized along the
-input dimension like Linear; the core implementations are mx.gather_mm / mx.gather_qmm.
+input dimension like Linear; the core implementations are mx.gather_mm / mx.gather_qmm, one
+product per (token, selected expert) row. `grouped` core calls (bound on a GPU by
+kernels/grouped_experts) compute the same products with the rows grouped by expert into blocks
+(`ExpertGroups`) where a call has many rows (a prefill chunk): one matrix product a block, so an
+expert's weights are read once a block, not once a row.
 
 Options for gpt-oss (defaults keep the plain declarations above): expert matrices in MLX's
 "mxfp4" mode (e2m1 values in groups of 32 with an e8m0 power-of-two scale, no biases: how
@@ -17,13 +21,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration, Declared
 from mlx_omnia.engine.core.layers import Linear, Projections, RmsNorm
-from mlx_omnia.engine.core.mxcompat import drop_parameters, silu
+from mlx_omnia.engine.core.mxcompat import drop_parameters, reshape, silu
 
 RouteOrder = Literal["softmax_topk", "topk_softmax"]
 ExpertQuantMode = Literal["affine", "mxfp4"]
@@ -148,6 +153,72 @@ class ProjectRoute(Declaration):
     def __call__(self, a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         return self._bound(a, residual)
 
+# The core groups the selected experts' rows by expert where a call has at least this many rows
+# (tokens x k) per expert on average: fewer, and the padding of each expert's last block costs more
+# than reading its weights once a row.
+GROUPED_ROWS_PER_EXPERT = 2
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """A call's (token, selected expert) rows laid out by expert: `blocks` blocks of `rows` rows,
+    each block rows of one expert (`expert` [blocks]), an expert's rows in token order, its last
+    block padded with zero rows, then blocks of padding. Flat row r is token r // k's (r % k)-th
+    selected expert. `slot` [R]: where flat row r sits in the layout; `source` [blocks * rows]:
+    the flat row each place holds, R for padding (a zero row: R // k is one past the last token).
+    Shapes depend on R and the number of experts only, never on the ids' values."""
+
+    slot: mx.array
+    source: mx.array
+    expert: mx.array
+    rows: int
+    blocks: int
+
+    @staticmethod
+    def wanted(ids: mx.array, n_experts: int) -> bool:
+        """Whether the core groups a call selecting `ids` [..., k] (enough rows per expert)."""
+        return ids.size >= GROUPED_ROWS_PER_EXPERT * n_experts
+
+    @staticmethod
+    def of(ids: mx.array, n_experts: int) -> ExpertGroups:
+        """The layout of the rows selecting `ids` [..., k] from `n_experts` experts."""
+        flat = reshape(ids, -1).astype(mx.int32)
+        n = flat.size
+        # rows per block: half the mean rows per expert, a power of two in 16..64
+        mean = max(1, n // n_experts)
+        rows = min(64, max(16, 1 << max(0, (mean // 2).bit_length() - 1)))
+        # every expert's rows fill ceil(count / rows) blocks: at most n / rows + one partial
+        # block per expert that has rows
+        blocks = -(-n // rows) + min(n_experts, n)
+        order = mx.argsort(flat)
+        experts = flat[order]
+        one_hot = flat[:, None] == mx.arange(n_experts, dtype=mx.int32)[None, :]
+        counts = one_hot.astype(mx.int32).sum(axis=0)
+        padded = (counts + rows - 1) // rows * rows
+        padded_end = mx.cumsum(padded)
+        first_padded = padded_end - padded
+        first_sorted = mx.cumsum(counts) - counts
+        place = mx.arange(n, dtype=mx.int32) - first_sorted[experts] + first_padded[experts]
+        slot = mx.put_along_axis(mx.zeros((n,), dtype=mx.int32), order, place, axis=0)
+        source = mx.put_along_axis(
+            mx.full((blocks * rows,), n, dtype=mx.int32), place, order.astype(mx.int32), axis=0
+        )
+        starts = mx.arange(blocks, dtype=mx.int32) * rows
+        expert = (padded_end[None, :] <= starts[:, None]).astype(mx.int32).sum(axis=1)
+        expert = mx.minimum(expert, n_experts - 1).astype(mx.uint32)
+        return ExpertGroups(slot, source, expert, rows, blocks)
+
+    def take(self, x: mx.array, per: int) -> mx.array:
+        """The layout's rows of `x` [N, d]: the tokens (`per` k: flat row r reads token r // k)
+        or the flat rows themselves (`per` 1) -> [blocks, rows, d], padding zero."""
+        padded = mx.concatenate([x, mx.zeros((1, x.shape[-1]), dtype=x.dtype)], axis=0)
+        index = self.source // per if per > 1 else self.source
+        return reshape(padded[index], self.blocks, self.rows, x.shape[-1])
+
+    def put_back(self, y: mx.array) -> mx.array:
+        """Rows of a product over the layout, y [blocks, rows, d] -> [R, d] in flat-row order."""
+        return reshape(y, -1, y.shape[-1])[self.slot]
+
 
 class ExpertLinear(Declaration):
     """Stacked expert matrices `weight` [n_experts, output_dims, input_dims], dense or
@@ -235,7 +306,8 @@ class ExpertLinear(Declaration):
         self.bits = self.group_size = None
 
     def select(self) -> Callable[[mx.array, mx.array], mx.array]:
-        """(x [..., 1, 1, in] or [..., k, 1, in], ids [..., k]) -> [..., k, 1, out]."""
+        """(x [..., 1, 1, in] or [..., k, 1, in], ids [..., k]) -> [..., k, 1, out]; also
+        (blocks [b, rows, in], expert [b]) -> [b, rows, out], each block with its one expert."""
         if self.quantized and self.mode == "mxfp4":
             group = self.group_size
 
@@ -261,6 +333,27 @@ class ExpertLinear(Declaration):
             return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=ids)
 
         return gather
+
+    def products(self, *, grouped: bool = False) -> Callable[[mx.array, mx.array], mx.array]:
+        """(x, ids [..., k]) -> [..., k, out]: x @ W[e].T for each selected expert e, where x is
+        one row per token ([..., in]: each token's row meets its k experts) or one row per
+        selected expert ([..., k, in]). A row at a time (`select`); with `grouped`, the rows
+        grouped by expert (`ExpertGroups`) where a call has enough rows per expert: the same
+        products, each block's weights read once (what a GPU wants over a prefill chunk; on a
+        CPU the padding costs more than it saves)."""
+        select, n_experts = self.select(), self.n_experts
+
+        def products(x: mx.array, ids: mx.array) -> mx.array:
+            per_token = x.ndim == ids.ndim
+            if not (grouped and ExpertGroups.wanted(ids, n_experts)):
+                rows = mx.expand_dims(x, (-2, -3)) if per_token else mx.expand_dims(x, -2)
+                return select(rows, ids).squeeze(-2)
+            groups = ExpertGroups.of(ids, n_experts)
+            blocks = groups.take(reshape(x, -1, x.shape[-1]), ids.shape[-1] if per_token else 1)
+            y = select(blocks, groups.expert)
+            return reshape(groups.put_back(y), *ids.shape, y.shape[-1])
+
+        return products
 
 
 E = TypeVar("E", bound=ExpertLinear)
@@ -316,27 +409,30 @@ class GateUp(ExpertLinear):
         """These experts (the same arrays) after `norm`: called on the norm's input."""
         return _view(self, _norm=Declared(norm))
 
-    def reference(self) -> Callable[[mx.array, mx.array], mx.array]:
-        select, hidden, norm = self.select(), self.hidden_dims, self.norm
+    def reference(self, *, grouped: bool = False) -> Callable[[mx.array, mx.array], mx.array]:
+        """The core call; `grouped`: its products grouped by expert (`ExpertLinear.products`)."""
+        products, hidden, norm = self.products(grouped=grouped), self.hidden_dims, self.norm
         if self.has_bias or self.activation != "silu":
-            return self._reference_options()
+            return self._reference_options(products)
 
         def gate_up(x: mx.array, ids: mx.array) -> mx.array:
             if norm is not None:
                 x = norm(x)
-            y = select(mx.expand_dims(x, (-2, -3)), ids).squeeze(-2)
+            y = products(x, ids)
             return silu(y[..., :hidden]) * y[..., hidden:]
 
         return gate_up
 
-    def _reference_options(self) -> Callable[[mx.array, mx.array], mx.array]:
-        select, hidden, norm = self.select(), self.hidden_dims, self.norm
+    def _reference_options(
+        self, products: Callable[[mx.array, mx.array], mx.array]
+    ) -> Callable[[mx.array, mx.array], mx.array]:
+        hidden, norm = self.hidden_dims, self.norm
         activation, alpha, limit = self.activation, self.alpha, self.limit
 
         def gate_up(x: mx.array, ids: mx.array) -> mx.array:
             if norm is not None:
                 x = norm(x)
-            y = select(mx.expand_dims(x, (-2, -3)), ids).squeeze(-2)
+            y = products(x, ids)
             if "bias" in self:
                 y = y + self.bias[ids]
             gate, up = y[..., :hidden], y[..., hidden:]
@@ -380,12 +476,13 @@ class DownCombine(ExpertLinear):
         """These experts (the same arrays) after `gate_up`: called on the gate/up's input."""
         return _view(self, _gate_up=Declared(gate_up))
 
-    def reference(self) -> Callable[..., mx.array]:
-        return self.after_gate_up(self.reference_down())
+    def reference(self, *, grouped: bool = False) -> Callable[..., mx.array]:
+        """The core call; `grouped`: its products grouped by expert (`ExpertLinear.products`)."""
+        return self.after_gate_up(self.reference_down(grouped=grouped))
 
     def after_gate_up(self, down: Callable[..., mx.array]) -> Callable[..., mx.array]:
         """`down` (a call on h), run after the declared gate_up when there is one (then a call
-        on the gate/up's input x); `down` itself otherwise."""
+        on the gate/up's input x, through the gate_up's own binding); `down` itself otherwise."""
         gate_up = self.gate_up
         if gate_up is None:
             return down
@@ -397,14 +494,14 @@ class DownCombine(ExpertLinear):
 
         return chained
 
-    def reference_down(self) -> Callable[..., mx.array]:
+    def reference_down(self, *, grouped: bool = False) -> Callable[..., mx.array]:
         """The core down projections and combine of h (what `reference` runs after gate_up)."""
-        select = self.select()
+        products = self.products(grouped=grouped)
 
         def down_combine(
             h: mx.array, ids: mx.array, weights: mx.array, residual: mx.array | None = None
         ) -> mx.array:
-            y = select(mx.expand_dims(h, -2), ids).squeeze(-2)
+            y = products(h, ids)
             if "bias" in self:
                 y = y + self.bias[ids]
             out = (y * mx.expand_dims(weights, -1)).sum(axis=-2).astype(h.dtype)

@@ -1,6 +1,7 @@
 """Mixture-of-experts kernels bound to Route, GateUp and DownCombine (and their chained pairs):
 each accepts only what it computes exactly (docs/kernels.md lists what they decline), and the
-bound calls run one token, handing anything else to the core."""
+bound calls run one token (or a batch's rows), handing anything else to the core (the experts'
+core calls grouped by expert, as kernels/grouped_experts binds them on any GPU)."""
 
 from __future__ import annotations
 
@@ -188,7 +189,7 @@ class ExpertsGateUp(CudaKernel[GateUp]):
         return experts_fits_decl(decl)
 
     def build(self, decl: GateUp) -> Callable[[mx.array, mx.array], mx.array]:
-        reference = decl.reference()
+        reference = decl.reference(grouped=True)  # many rows: grouped by expert, as on any GPU
         dtype = _dtype(decl)
         fitted = _fitted(decl)
 
@@ -233,7 +234,7 @@ class ExpertsDown(CudaKernel[DownCombine]):
 
 
 def _down_combine(decl: DownCombine) -> Callable[..., mx.array]:
-    reference = decl.reference_down()
+    reference = decl.reference_down(grouped=True)  # many rows: grouped by expert
     dtype = _dtype(decl)
     fitted = _fitted(decl)
 
