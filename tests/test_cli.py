@@ -24,6 +24,7 @@ from mlx_omnia.cli import daemon
 from mlx_omnia.cli.chat import read_message
 from mlx_omnia.cli.client import UsageError, parse_sse
 from mlx_omnia.cli.commands import read_prompt
+from mlx_omnia.install import install_stamp
 from mlx_omnia.server.settings import Settings
 from tests.hub_server import HubServer
 from tests.server_harness import LiveServer, free_port, live_server
@@ -295,6 +296,9 @@ def test_models_list_load_unload_and_status(server: LiveServer, env: dict[str, s
     as_json = json.loads(omnia("status", "--json", *url, env=env).stdout)
     assert as_json["auto_started"] is False and as_json["pid"] == os.getpid()
 
+    assert "install:" not in out and as_json["stale_install"] is None
+    assert as_json["install"]["stamp"] == install_stamp()
+
     unloaded = omnia("models", "unload", "smollm2-135m-instruct", *url, env=env)
     assert unloaded.returncode == 0 and unloaded.stdout.startswith("unloaded")
     assert not httpx.get(f"{server.url}/admin/status").json()["resident"]
@@ -400,3 +404,36 @@ def test_auto_start_once_status_pull_stop(auto_env: dict[str, str], tmp_path: Pa
     assert not daemon.alive(pid)
     assert not (state / f"omnia-server-{port}.json").exists()
     assert omnia("status", env=env).returncode == 3
+
+
+def test_status_says_when_the_server_predates_the_install(
+    server: LiveServer, env: dict[str, str]
+) -> None:
+    """A server started before a reinstall (its stamp differs from the CLI's install) is named
+    stale, with how to restart it; its web app keeps serving what it started with."""
+    running = server.state.install
+    server.state.install = {"version": "0.0.1", "stamp": "0123456789abcdef"}
+    try:
+        status = omnia("status", "--url", server.url, env=env)
+        assert status.returncode == 0, status.stderr
+        line = next(x for x in status.stdout.splitlines() if x.startswith("install:"))
+        assert "older install of mlx-omnia" in line and "0.0.1; installed now:" in line
+        assert line.endswith("restart it")  # started outside omnia
+        as_json = json.loads(omnia("status", "--json", "--url", server.url, env=env).stdout)
+        assert "older install" in as_json["stale_install"]
+    finally:
+        server.state.install = running
+
+
+def test_sizes_are_decimal_in_options_and_output() -> None:
+    from mlx_omnia.cli import fmt
+    from mlx_omnia.server.main import parse_size
+
+    assert [fmt.size(n) for n in (0, 999, 98_400_000, 17_700_000_000, 123_456_789, None)] == [
+        "0 B", "999 B", "98.4 MB", "17.7 GB", "123 MB", "-"]
+    assert parse_size("12G") == parse_size("12GB") == parse_size("12gb") == 12_000_000_000
+    assert parse_size("12GiB") == parse_size("12Gi") == 12 * 2**30
+    assert parse_size("8M") == 8_000_000 and parse_size("4096") == 4096
+    with pytest.raises(ValueError):
+        parse_size("12iB")
+

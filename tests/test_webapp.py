@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,37 @@ def test_page_and_assets_are_served_from_package_data(server: LiveServer) -> Non
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind), name
     for bad in ("nope.js", "../webapp.py", "..%2Fwebapp.py", "%2e%2e/app.py", ""):
         assert httpx.get(f"{server.url}/static/{bad}").status_code == 404, bad
+
+
+def test_assets_are_read_at_start_and_revalidated_by_etag(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A reinstall that replaces or removes the package's files under a running server (pip
+    install over the same venv) leaves the page it serves intact."""
+    from mlx_omnia.server import webapp
+
+    copy = tmp_path / "web"
+    shutil.copytree(webapp.WEB_DIR, copy)
+    monkeypatch.setattr(webapp, "WEB_DIR", copy)
+    with live_server() as live:
+        first = httpx.get(f"{live.url}/")
+        shutil.rmtree(copy)
+        again = httpx.get(f"{live.url}/")
+        assert first.status_code == again.status_code == 200 and again.text == first.text
+        script = httpx.get(f"{live.url}/static/app.js")
+        assert script.status_code == 200 and script.text
+        tag = script.headers["etag"]
+        cached = httpx.get(f"{live.url}/static/app.js", headers={"If-None-Match": tag})
+        assert cached.status_code == 304 and cached.headers["etag"] == tag
+
+
+def test_sizes_read_as_the_cli_writes_them(server: LiveServer, page: Any) -> None:
+    from mlx_omnia.cli import fmt
+
+    page.goto(server.url)
+    for n in (0, 999, 98_400_000, 17_700_000_000, 123_456_789, 1_500):
+        shown = page.evaluate("n => import('/static/app.js').then(m => m.formatBytes(n))", n)
+        assert shown == fmt.size(n), n
 
 
 # -- markdown --------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from mlx_omnia.cli.client import (
     as_object,
     model_path,
 )
+from mlx_omnia.install import install_stamp, installed_version
 
 
 @dataclass
@@ -244,7 +245,8 @@ def status(ctx: Context, args: Any) -> int:
     auto = record is not None and record.pid == info.get("pid")
     if getattr(args, "json", False):
         out = dict(
-            info, url=ctx.url, auto_started=auto, log=record.log if auto and record else None
+            info, url=ctx.url, auto_started=auto, log=record.log if auto and record else None,
+            stale_install=stale_install(info),
         )
         print(json.dumps(out, indent=2))
         return EXIT_OK
@@ -256,6 +258,10 @@ def status(ctx: Context, args: Any) -> int:
     else:
         lines.append(("daemon", f"started outside omnia (pid {info.get('pid')})"))
     lines.append(("uptime", fmt.duration(_float(info.get("uptime_s")))))
+    stale = stale_install(info)
+    if stale:
+        restart = "omnia stop, then any omnia command starts it again" if auto else "restart it"
+        lines.append(("install", f"{stale}: {restart}"))
     details = [str(runtime["device"])] if runtime.get("device") else []
     details += [f"{k} {runtime[k]}" for k in ("mlx", "blas", "allocator") if runtime.get(k)]
     backend = str(runtime.get("backend") or "-")
@@ -307,6 +313,18 @@ def status(ctx: Context, args: Any) -> int:
     for key, value in lines:
         print(f"{key + ':':<{width + 1}} {value}")
     return EXIT_OK
+
+
+def stale_install(info: dict[str, Any]) -> str | None:
+    """What differs when the server at hand runs another install of mlx-omnia than the one this
+    CLI belongs to (a `pip install` since it started), else None."""
+    install = as_object(info.get("install"))
+    running = install.get("stamp")
+    if not running or running == "unknown" or running == install_stamp():
+        return None
+    was, now = install.get("version"), installed_version()
+    versions = f" ({was}; installed now: {now})" if was and was != now else ""
+    return f"the server runs an older install of mlx-omnia than the one installed now{versions}"
 
 
 def stop(ctx: Context, args: Any) -> int:

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 
 def size(n: int | float | None) -> str:
+    """Bytes in decimal units (1 MB = 1,000,000 bytes), as the web app and the Hugging Face hub
+    write them: a whole number from 100 up, else one decimal."""
     if n is None:
         return "-"
     value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1024 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TB"  # pragma: no cover
+    units = ("B", "KB", "MB", "GB", "TB")
+    i = 0
+    while abs(value) >= 1000 and i < len(units) - 1:
+        value /= 1000
+        i += 1
+    if i == 0 or abs(value) >= 100:
+        return f"{int(value + 0.5) if value >= 0 else -int(-value + 0.5)} {units[i]}"
+    return f"{value:.1f} {units[i]}"
 
 
 def duration(seconds: float | None) -> str:

@@ -71,6 +71,7 @@ async def status(request: Request) -> dict[str, Any]:
         "started_at": state.started_at,
         "uptime_s": time.time() - state.started_at,
         "runtime": runtime_info(),
+        "install": state.install,
         "memory": {
             **_system_memory(),
             "limit_bytes": state.settings.memory_limit,

@@ -164,7 +164,7 @@ def create_app(settings: Settings, *, manager: ModelManager | None = None) -> Fa
     app.include_router(
         gemini.router, prefix="/api/gemini/v1beta", responses=error_responses("gemini")
     )
-    app.include_router(webapp.router)
+    app.include_router(webapp.make_router(webapp.WEB_DIR))
     app.openapi = lambda: _schema(app)
     return app
 

@@ -15,10 +15,16 @@ if TYPE_CHECKING:
 
 
 def parse_size(text: str) -> int:
-    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-    t = text.strip().lower().rstrip("ib").rstrip("b") if text[-1:].lower() == "b" else text.strip().lower()
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
+    """A byte count: a number, optionally with K/M/G/T (decimal: 12G or 12GB is 12,000,000,000
+    bytes, as sizes are shown) or Ki/Mi/Gi/Ti (binary: 12GiB)."""
+    t = text.strip().lower().removesuffix("b")
+    binary = t.endswith("i")
+    t = t.removesuffix("i")
+    powers = {"k": 1, "m": 2, "g": 3, "t": 4}
+    if t and t[-1] in powers:
+        return int(float(t[:-1]) * (1024 if binary else 1000) ** powers[t[-1]])
+    if binary:
+        raise ValueError(f"not a size: {text!r}")
     return int(t)
 
 

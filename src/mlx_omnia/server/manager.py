@@ -181,8 +181,8 @@ class ModelManager:
         if need > budget:
             raise ApiError(
                 "invalid_request",
-                f"model {model_id!r} needs about {need / 2**30:.1f} GiB but the server's memory "
-                f"limit is {budget / 2**30:.1f} GiB (--memory-limit)",
+                f"model {model_id!r} needs about {need / 1e9:.1f} GB but the server's memory "
+                f"limit is {budget / 1e9:.1f} GB (--memory-limit)",
                 "model",
             )
         with self._state:

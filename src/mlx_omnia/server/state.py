@@ -11,6 +11,7 @@ from typing import TypeVar
 from fastapi import Request
 
 from mlx_omnia import Chat, GenerationOptions, Model
+from mlx_omnia.install import install_stamp, installed_version
 from mlx_omnia.server.manager import ModelManager
 from mlx_omnia.server.scheduler import Job, Scheduler
 from mlx_omnia.server.settings import Settings
@@ -36,6 +37,10 @@ class ServerState:
     manager: ModelManager
     scheduler: Scheduler
     started_at: float = field(default_factory=time.time)
+    # the install this server runs (mlx_omnia/install.py), taken at start
+    install: dict[str, str] = field(
+        default_factory=lambda: {"version": installed_version(), "stamp": install_stamp()}
+    )
     last_answer: LastAnswer | None = None
     responses: ResponseStore = field(default_factory=ResponseStore)
 

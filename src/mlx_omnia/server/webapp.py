@@ -1,4 +1,5 @@
-"""The web app: one page at `/` and its assets under `/static/`, served from package data.
+"""The web app: one page at `/` and its assets under `/static/`, package data read into memory
+when the server starts.
 
 The page talks to the server through its public HTTP API only (OpenAI chat completions, /admin/*).
 Its files carry no secrets, so they are served without an API key (the page asks for the key
@@ -6,10 +7,12 @@ when the API answers 401)."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import APIRouter
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from mlx_omnia.server.errors import ApiError
 
@@ -26,35 +29,53 @@ MEDIA_TYPES = {
 # Revalidate on every load (the ETag makes that a 304): an upgraded server never runs stale JS.
 HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 
-router = APIRouter(include_in_schema=False)
-
-
-def _asset(name: str) -> Path:
-    """The file `name` under the web directory; anything else (a traversal, an unknown type,
-    a directory) is a 404."""
-    path = (WEB_DIR / name).resolve()
-    if not path.is_relative_to(WEB_DIR) or path.suffix not in MEDIA_TYPES or not path.is_file():
-        raise ApiError("not_found", f"no static file {name!r}")
-    return path
-
-
-@router.get("/")
-async def index() -> FileResponse:
-    return FileResponse(
-        _asset("index.html"),
-        media_type=MEDIA_TYPES[".html"],
-        headers={**HEADERS, "Content-Security-Policy": CSP},
-    )
-
-
-@router.get("/static/{name:path}")
-async def static(name: str) -> FileResponse:
-    path = _asset(name)
-    return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=HEADERS)
-
-
 # Everything the page loads comes from this server; no inline script, no plugins, no framing.
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
+
+
+@dataclass(frozen=True)
+class Asset:
+    body: bytes
+    media_type: str
+    etag: str
+
+
+def read_assets(web_dir: Path = WEB_DIR) -> dict[str, Asset]:
+    """Every servable file under `web_dir` (the known types), read once: the server serves what
+    it started with, even after a reinstall replaces or removes the files on disk."""
+    assets: dict[str, Asset] = {}
+    for path in sorted(web_dir.rglob("*")):
+        if path.is_file() and path.suffix in MEDIA_TYPES:
+            body = path.read_bytes()
+            etag = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
+            assets[path.relative_to(web_dir).as_posix()] = Asset(body, MEDIA_TYPES[path.suffix], etag)
+    return assets
+
+
+def make_router(web_dir: Path = WEB_DIR) -> APIRouter:
+    """The page and its assets, as read from `web_dir` now; an unknown name (a traversal, an
+    unknown type, a directory) is a 404."""
+    assets = read_assets(web_dir)
+    router = APIRouter(include_in_schema=False)
+
+    def serve(request: Request, name: str, extra: dict[str, str] | None = None) -> Response:
+        asset = assets.get(name)
+        if asset is None:
+            raise ApiError("not_found", f"no static file {name!r}")
+        headers = {**HEADERS, **(extra or {}), "ETag": asset.etag}
+        if request.headers.get("if-none-match") == asset.etag:
+            return Response(status_code=304, headers=headers)
+        return Response(asset.body, media_type=asset.media_type, headers=headers)
+
+    @router.get("/")
+    async def index(request: Request) -> Response:
+        return serve(request, "index.html", {"Content-Security-Policy": CSP})
+
+    @router.get("/static/{name:path}")
+    async def static(request: Request, name: str) -> Response:
+        return serve(request, name)
+
+    return router
