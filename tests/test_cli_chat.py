@@ -158,3 +158,33 @@ def test_chat_ctrl_d_and_unknown_command(server: LiveServer, tmp_path: Path) -> 
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_chat_with_a_model_the_server_lacks_stops_at_once(server: LiveServer, tmp_path: Path) -> None:
+    """The model is checked when the chat starts, not at the first message."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIA_")}
+    env.update(HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"),
+               OMNIA_DEFAULT_URL=f"http://127.0.0.1:{free_port()}")
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "mlx_omnia.cli.main", "chat", "--url", server.url, "-m", "acme/nosuch"],
+        env=env, encoding="utf-8", dimensions=(30, 100), timeout=60,
+    )
+    child.expect_exact("error: acme/nosuch is not on the server's disk")
+    child.expect_exact("omnia pull acme/nosuch")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1 and PROMPT not in (child.before or "")
+
+
+def test_chat_past_the_context_says_how_to_go_on(server: LiveServer, tmp_path: Path) -> None:
+    child = spawn(server, tmp_path)
+    try:
+        child.sendline("hello " * 9000)
+        child.expect_exact("the most this model takes")
+        child.expect_exact("(/reset starts a new conversation)")
+        child.expect_exact(PROMPT)
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)

@@ -199,10 +199,11 @@ def test_cached_model_loads_with_the_hub_gone(hf_env: HfEnv) -> None:
 
 
 def test_uncached_model_offline_says_to_download_it_first(hf_env: HfEnv) -> None:
-    with pytest.raises(ModelNotFoundError, match=r"not in the local HF cache .*local_files_only"):
+    with pytest.raises(ModelNotFoundError, match=r"not in the local HF cache .*off \(local_files_"
+                       r"only=True\); download it first: .* or `omnia pull acme/tiny-llama`"):
         mlx_omnia.load(REPO, local_files_only=True)
     hf_env.set(HF_HUB_OFFLINE="1")
-    with pytest.raises(ModelNotFoundError, match=r"HF_HUB_OFFLINE=1"):
+    with pytest.raises(ModelNotFoundError, match=r"off \(HF_HUB_OFFLINE is set\)"):
         mlx_omnia.load(REPO)
     assert hf_env.server.requests == []
 
@@ -211,6 +212,10 @@ def test_uncached_model_with_the_hub_unreachable_is_a_download_error(hf_env: HfE
     hf_env.server.stop()
     with pytest.raises(DownloadError, match=r"could not reach the hub at http://127\.0\.0\.1:\d+"):
         mlx_omnia.load(REPO)
+    # a pull plans its files first: the same plain words, not "try again" alone
+    with pytest.raises(DownloadError, match=r"could not reach the hub at http://127\.0\.0\.1:\d+ to "
+                       r"download 'acme/tiny-llama' \(ConnectError: .*\); check the network"):
+        mlx_omnia.pull(REPO)
 
 
 # (c) missing repo ---------------------------------------------------------------------------------
@@ -277,7 +282,7 @@ def test_download_broken_for_good_raises_and_the_next_load_completes_it(
     hf_env: HfEnv, tiny_llama_dir: Path, no_retry_sleep: None
 ) -> None:
     hf_env.server.cut_transfer("model.safetensors", after_bytes=0, times=None)
-    with pytest.raises(DownloadError, match=r"run the same load again"):
+    with pytest.raises(DownloadError, match=r"try again: files already complete are kept"):
         mlx_omnia.load(REPO)
     # huggingface_hub gave up after its 5 resume attempts (6 GETs), inside the one load() call.
     assert file_gets(hf_env.server, "model.safetensors") == 6
@@ -304,7 +309,7 @@ def test_download_broken_for_good_raises_and_the_next_load_completes_it(
 def test_server_error_on_a_file_raises_download_error(hf_env: HfEnv) -> None:
     hf_env.server.fail("model.safetensors", status=500)
     with pytest.raises(
-        DownloadError, match=r"acme/tiny-llama.*HfHubHTTPError.*run the same load again"
+        DownloadError, match=r"acme/tiny-llama.*HfHubHTTPError.*try again"
     ):
         mlx_omnia.load(REPO)
     assert_generates(mlx_omnia.load(REPO))

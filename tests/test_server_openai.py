@@ -457,8 +457,8 @@ def test_context_overflow(client: openai.OpenAI) -> None:
     huge = "hello " * 9000
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=user(huge), max_tokens=2)
-    assert info.value.param == "messages"
-    assert "context" in info.value.message
+    assert info.value.param == "messages" and info.value.code == "context_length_exceeded"
+    assert "context" in info.value.message and "context_limit" not in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt=huge, max_tokens=2, stream=True)
     assert info.value.param == "prompt"

@@ -317,6 +317,18 @@ def test_stop_interrupts_a_long_answer(server: LiveServer, page: Any) -> None:
     assert answer_text(follow).strip()
 
 
+def test_a_conversation_past_the_context_says_to_start_a_new_chat(
+    server: LiveServer, page: Any
+) -> None:
+    page.goto(server.url)
+    page.get_by_label("Max tokens").fill("4")
+    answer = send(page, "hello " * 9000)
+    wait_answer(page, answer)
+    error = answer.locator(".error")
+    expect(error).to_contain_text("the most this model takes")
+    expect(error).to_contain_text("Start a new chat (New chat) to go on.")
+
+
 def test_a_message_sent_before_the_model_list_arrives_names_the_model(
     server: LiveServer, page: Any
 ) -> None:

@@ -14,10 +14,12 @@ from rich.markdown import Markdown
 from rich.segment import Segment
 
 from mlx_omnia.cli.client import (
+    EXIT_ERROR,
     EXIT_OK,
     Answer,
     CliError,
     JsonObject,
+    ServerError,
     as_list,
     as_object,
 )
@@ -108,18 +110,12 @@ class Session:
 
     def switch(self, model: str) -> None:
         try:
-            listing = self.ctx.client.get("/admin/models")
+            missing = not_served(self.ctx, model)
         except CliError as e:
             self.console.print(f"error: {e.message}", style="red", markup=False, highlight=False)
             return
-        ids = {str(as_object(m).get("id")) for m in as_list(listing.get("models"))}
-        if model not in ids and model.lower() not in ids:
-            self.console.print(
-                f"{model} is not on the server's disk (omnia models list; omnia pull {model})",
-                style="yellow",
-                markup=False,
-                highlight=False,
-            )
+        if missing:
+            self.console.print(missing, style="yellow", markup=False, highlight=False)
             return
         self.model = model
         self.console.print(f"model: {model}", style="dim", highlight=False)
@@ -145,7 +141,10 @@ class Session:
         except CliError as e:
             self.history.pop()
             self._final(answer.text)
-            self.console.print(f"error: {e.message}", style="red", markup=False, highlight=False)
+            message = e.message
+            if isinstance(e, ServerError) and e.code == "context_length_exceeded":
+                message += " (/reset starts a new conversation)"
+            self.console.print(f"error: {message}", style="red", markup=False, highlight=False)
             return
         elapsed = time.monotonic() - started
         self._final(answer.text)
@@ -220,6 +219,16 @@ def read_message(read: Callable[[str], str]) -> tuple[str, bool]:
     return "\n".join(parts), False
 
 
+def not_served(ctx: Context, model: str) -> str | None:
+    """Why the server cannot answer with `model` (not on its list), else None."""
+    listing = ctx.client.get("/admin/models")
+    ids = {str(as_object(m).get("id")) for m in as_list(listing.get("models"))}
+    if model in ids or model.lower() in ids:
+        return None
+    return (f"{model} is not on the server's disk: omnia models list shows what is; "
+            f"omnia pull {model} downloads a hub model")
+
+
 def repl(ctx: Context, args: Any) -> int:
     with contextlib.suppress(ImportError):
         import readline  # line editing and history for input()
@@ -228,6 +237,10 @@ def repl(ctx: Context, args: Any) -> int:
     console = Console(highlight=False)
     ctx.ensure_server()
     model = args.model or ctx.client.default_model()
+    missing = not_served(ctx, model) if args.model else None
+    if missing:  # say so now, not after the first message
+        ctx.err.print(f"error: {missing}", markup=False, highlight=False)
+        return EXIT_ERROR
     session = Session(
         ctx,
         model,

@@ -31,10 +31,14 @@ class CliError(Exception):
 class ServerError(CliError):
     exit_code = EXIT_ERROR
 
-    def __init__(self, message: str, status: int | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int | None = None, kind: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
+        self.code = code  # OpenAI's error.code: "context_length_exceeded", "model_not_found"
 
 
 class Unreachable(CliError):
@@ -91,8 +95,9 @@ def parse_sse(lines: Iterable[str]) -> Iterator[SseEvent]:
 # -- errors ----------------------------------------------------------------------------------------
 
 
-def _error_message(response: httpx.Response) -> tuple[str, str | None]:
-    """The message (and kind) of an error body in either shape: OpenAI's or the native one."""
+def _error_message(response: httpx.Response) -> tuple[str, str | None, str | None]:
+    """The message, kind and code of an error body in either shape: OpenAI's or the native
+    one."""
     try:
         body = as_object(json.loads(response.read()))
     except (ValueError, httpx.HTTPError):
@@ -101,24 +106,25 @@ def _error_message(response: httpx.Response) -> tuple[str, str | None]:
     if isinstance(error, dict):
         err = as_object(error)
         message = err.get("message")
-        kind = err.get("type")
+        kind, code = err.get("type"), err.get("code")
         return (
             str(message) if message else f"HTTP {response.status_code}",
             str(kind) if kind else None,
+            str(code) if code else None,
         )
     detail = body.get("detail")
     if isinstance(detail, str):
-        return detail, None
-    return f"HTTP {response.status_code} {response.reason_phrase}".strip(), None
+        return detail, None, None
+    return f"HTTP {response.status_code} {response.reason_phrase}".strip(), None, None
 
 
 def _raise_for(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
-    message, kind = _error_message(response)
+    message, kind, code = _error_message(response)
     if response.status_code == 401:
         message += " (give the server's key with --api-key or OMNIA_API_KEY)"
-    raise ServerError(message, response.status_code, kind)
+    raise ServerError(message, response.status_code, kind, code)
 
 
 # -- the client ------------------------------------------------------------------------------------

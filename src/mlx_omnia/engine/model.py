@@ -279,10 +279,11 @@ class Model:
             )
         limit = self._context_limit(options)
         if len(prompt) >= limit:
+            most = self.signature.context_length
             raise ContextLengthError(
-                f"the prompt has {len(prompt)} tokens but the context holds {limit}; "
-                "shorten the conversation or raise context_limit (up to "
-                f"{self.signature.context_length})"
+                f"the prompt has {len(prompt)} tokens but the context holds {limit}; shorten "
+                + (f"the conversation or raise context_limit (up to {most})" if limit < most
+                   else f"the conversation: {most} tokens is the most this model takes")
             )
         budget = limit - len(prompt)
         max_tokens = options.max_tokens

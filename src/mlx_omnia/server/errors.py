@@ -37,6 +37,7 @@ class ApiError(Exception):
     kind: Kind
     message: str
     param: str | None = None
+    code: str | None = None  # a machine-readable reason (OpenAI's error.code)
 
     @property
     def status(self) -> int:

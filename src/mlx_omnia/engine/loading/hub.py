@@ -189,9 +189,11 @@ def hub_error(
         )
     if isinstance(e, LocalEntryNotFoundError):
         if local_files_only or _is_offline():
+            why = "local_files_only=True" if local_files_only else "HF_HUB_OFFLINE is set"
             return ModelNotFoundError(
                 f"{repo_id!r}{at} is not in the local HF cache ({_cache_dir()}) and downloads are "
-                "off (local_files_only=True or HF_HUB_OFFLINE=1); download it once online first"
+                f"off ({why}); download it first: load it with downloads on, or `omnia pull "
+                f"{repo_id}`"
             )
         return DownloadError(
             f"could not reach the hub at {_endpoint()} to download {repo_id!r}{at}, and it is "
@@ -200,11 +202,35 @@ def hub_error(
     if isinstance(e, HFValidationError):
         return ModelNotFoundError(f"{repo_id!r} is not a valid hub repo id: {e}")
     detail = " ".join(str(e).split())  # huggingface_hub's messages span several lines
+    if _unreachable(e):
+        return DownloadError(
+            f"could not reach the hub at {_endpoint()} to download {repo_id!r}{at} "
+            f"({e.__class__.__name__}: {detail}); check the network (and HF_ENDPOINT) and try "
+            "again"
+        )
     return DownloadError(
         f"downloading {repo_id!r}{at} from {_endpoint()} failed ({e.__class__.__name__}: "
-        f"{detail}); run the same load again: files already complete are kept in the HF cache "
-        "and are not fetched twice"
+        f"{detail}); try again: files already complete are kept in the HF cache and are not "
+        "fetched twice"
     )
+
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether `e` (or what it wraps) says the hub could not be reached at all: a refused or
+    timed-out connection, an unknown host (a transfer broken midway is not that)."""
+    import socket
+
+    import httpx
+
+    seen: set[int] = set()
+    at: BaseException | None = e
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        if isinstance(at, httpx.ConnectError | httpx.ConnectTimeout | ConnectionRefusedError
+                      | socket.gaierror):
+            return True
+        at = at.__cause__ or at.__context__
+    return False
 
 def _check_snapshot(repo_id: str, path: Path) -> None:
     """The repo must hold an HF-format checkpoint: config.json and safetensors weights."""

@@ -84,7 +84,7 @@ def from_engine(
     if isinstance(error, ModelNotFoundError):
         return ApiError("not_found", str(error), "model")
     if isinstance(error, ContextLengthError):
-        return ApiError("invalid_request", str(error), input_field)
+        return ApiError("invalid_request", str(error), input_field, "context_length_exceeded")
     if isinstance(error, InvalidOptionsError) and error.option is not None:
         name = (names or {}).get(error.option, error.option)
         return ApiError("invalid_request", f"{name} {error.reason}", name)
@@ -102,7 +102,9 @@ def from_engine(
 
 def error_body(dialect: Dialect, error: ApiError) -> dict[str, object]:
     if dialect == "openai":
-        code = "model_not_found" if error.kind == "not_found" and error.param == "model" else None
+        code = error.code or (
+            "model_not_found" if error.kind == "not_found" and error.param == "model" else None
+        )
         return {
             "error": {
                 "message": error.message,

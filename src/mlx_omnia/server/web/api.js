@@ -7,10 +7,11 @@ const KEY_STORAGE = "omnia.apiKey";
 export const authEvents = new EventTarget();
 
 export class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, code = null) {
     super(message);
     this.name = "ApiError";
     this.status = status;
+    this.code = code; // OpenAI's error.code, e.g. "context_length_exceeded"
   }
 }
 
@@ -31,18 +32,19 @@ function headers(json) {
   return h;
 }
 
-async function errorMessage(response) {
+/** [message, code] of an error response. */
+async function errorOf(response) {
   const text = await response.text().catch(() => "");
   try {
     const body = JSON.parse(text);
     const error = body.error ?? body;
-    if (typeof error === "string") return error;
-    if (error && typeof error.message === "string") return error.message;
-    if (typeof body.detail === "string") return body.detail;
+    if (typeof error === "string") return [error, null];
+    if (error && typeof error.message === "string") return [error.message, error.code ?? null];
+    if (typeof body.detail === "string") return [body.detail, null];
   } catch {
     // not JSON: fall through
   }
-  return text.trim().slice(0, 300) || `${response.status} ${response.statusText}`;
+  return [text.trim().slice(0, 300) || `${response.status} ${response.statusText}`, null];
 }
 
 /** fetch() with the API key; resolves to the Response when it is 2xx, throws ApiError otherwise. */
@@ -56,9 +58,9 @@ export async function request(method, path, body, { signal } = {}) {
   });
   if (response.status === 401) {
     authEvents.dispatchEvent(new Event("unauthorized"));
-    throw new ApiError(401, await errorMessage(response));
+    throw new ApiError(401, ...(await errorOf(response)));
   }
-  if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
+  if (!response.ok) throw new ApiError(response.status, ...(await errorOf(response)));
   return response;
 }
 

@@ -54,6 +54,9 @@ function el(tag, attrs = {}, ...children) {
 
 function describeError(e) {
   if (e instanceof ApiError && e.status === 401) return "The server needs an API key (see above).";
+  if (e instanceof ApiError && e.code === "context_length_exceeded") {
+    return `${e.message}. Start a new chat (New chat) to go on.`;
+  }
   if (e instanceof ApiError) return `${e.message} (HTTP ${e.status})`;
   return e?.message || String(e);
 }
