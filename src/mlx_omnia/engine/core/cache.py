@@ -47,12 +47,25 @@ def _filled_mask(queries: int, keys: int, window: int | None) -> Mask:
     return visibility(keys - queries, queries, keys, window)
 
 
+# A cache's rows grow in whole steps, and past four steps in quarters of the power of two below
+# the rows wanted (1024 -> 1280 -> ... -> 2048 -> 2560 -> ... -> 16384 -> 20480): at most a
+# quarter spare, and a long sequence's compiled decode step (traced once per buffer size) is
+# traced again about four times per doubling of its length, not every `step` rows.
+CAPACITY_PARTS = 4
+
+
+def capacity_for(total: int, step: int) -> int:
+    """The rows a cache holds when `total` must fit (whole steps; coarser as it grows)."""
+    unit = max(step, (1 << max(0, total.bit_length() - 1)) // CAPACITY_PARTS)
+    return -(-total // unit) * unit
+
+
 def _reserve(state: dict[str, mx.array], names: Sequence[str], total: int, step: int) -> None:
-    """Grow a static cache's buffers `names` (along rows, in whole steps) so `total` rows fit."""
+    """Grow a static cache's buffers `names` (along rows) so `total` rows fit."""
     capacity = state[names[0]].shape[2]
     if total <= capacity:
         return
-    grow = ((total - capacity + step - 1) // step) * step
+    grow = capacity_for(total, step) - capacity
     for name in names:
         buf = state[name]
         pad = mx.zeros((*buf.shape[:2], grow, buf.shape[3]), buf.dtype)
@@ -90,7 +103,7 @@ class KVCache:
         if self.keys is None or self.values is None or prev + n > self.keys.shape[2]:
             b, h, _, dk = keys.shape
             dv = values.shape[3]
-            grow = ((n + self.step - 1) // self.step) * self.step
+            grow = capacity_for(prev + n, self.step) - prev
             new_k = mx.zeros((b, h, grow, dk), keys.dtype)
             new_v = mx.zeros((b, h, grow, dv), values.dtype)
             if self.keys is not None and self.values is not None:
@@ -312,7 +325,7 @@ class QuantizedKVCache:
         new = (*self.format.quantize(keys), *self.format.quantize(values))
         n, prev = keys.shape[2], self.offset
         if self.parts is None or prev + n > self.parts[0].shape[2]:
-            grow = ((n + self.step - 1) // self.step) * self.step
+            grow = capacity_for(prev + n, self.step) - prev
             pads = [mx.zeros((*p.shape[:2], grow, p.shape[3]), p.dtype) for p in new]
             if self.parts is None:
                 self.parts = tuple(pads)
