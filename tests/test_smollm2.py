@@ -22,9 +22,11 @@ cores, most of it in our prefill: MLX's CPU matmul (0.32, Linux) runs far below 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
@@ -265,3 +267,20 @@ def test_quick_start_command() -> None:
         )
         assert done.returncode == 0, done.stderr
         assert "Paris" in done.stdout
+
+
+def test_readme_python_snippet_prints_each_answer_on_its_own_lines() -> None:
+    """README.md's library example, run as written: the streamed answer, then the completion's
+    text, then its finish reason and usage, each on lines of their own."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    snippet = next(
+        block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+        if block.startswith("from mlx_omnia import")
+    )
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.rstrip("\n").split("\n")
+    assert "Paris" in "\n".join(lines[:-2])
+    assert re.fullmatch(r"(length|stop) Usage\(.*\)", lines[-1]), lines[-1]
+    assert not lines[-2].endswith(("length", "stop")) and "Usage(" not in lines[-2]
