@@ -235,7 +235,6 @@ def test_client_leaving_mid_stream_stops_its_generation(long_server: LiveServer)
     assert 2 <= stopped_at < LONG / 2  # the stream had read a role chunk and two tokens
     assert not stream.finished
 
-    start = time.monotonic()
     r = oai(server).chat.completions.create(
         model="tiny-long",
         messages=[{"role": "user", "content": "next"}],
@@ -243,7 +242,8 @@ def test_client_leaving_mid_stream_stops_its_generation(long_server: LiveServer)
         temperature=0,
     )
     assert r.usage is not None and r.usage.completion_tokens >= 1
-    assert time.monotonic() - start < 5  # served at once, not after the abandoned generation
+    # served without the abandoned generation going on: only the new answer's tokens were
+    # added (counted, not timed, so a busy machine cannot fail it)
     assert completion_tokens(server, "tiny-long") == stopped_at + r.usage.completion_tokens
 
 
