@@ -328,7 +328,7 @@ def test_metrics_status_and_cli_show_the_prefix_cache(
 
     assert re.search(
         r"prefix cache:\s+\d+ blocks \([\d.]+ \w+ of [\d.]+ \w+\) in memory, \d+ blocks "
-        r"\([\d.]+ \w+ of 8\.0 GB\) on disk; \d+ blocks found, \d+ missed \(blocks of 64 tokens\)",
+        r"\([\d.]+ \w+ of 8\.6 GB\) on disk; \d+ blocks found, \d+ missed \(blocks of 64 tokens\)",
         omnia_status(server),
     )
     assert re.search(r"prefix cache:\s+off\n", omnia_status(plain))

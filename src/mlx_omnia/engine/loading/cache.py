@@ -407,7 +407,10 @@ def pull(
             raise hub_error(e, repo_id, revision, local_files_only=False) from e
         done[name] = sizes[name] or done[name]
         tell(name)
-    path = download(repo_id, revision=commit, local_files_only=True)
+    # Every file is in the cache now; asking for `revision` once more (no file is fetched) makes
+    # huggingface_hub record which commit it names (refs/main), so an offline load finds it:
+    # dry runs and downloads by commit hash leave refs alone (huggingface_hub >= 2.5).
+    path = download(repo_id, revision=revision)
     report(PullProgress("done", None, 0, None, total, total))
     return path
 
