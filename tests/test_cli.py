@@ -437,3 +437,30 @@ def test_sizes_are_decimal_in_options_and_output() -> None:
     with pytest.raises(ValueError):
         parse_size("12iB")
 
+
+
+def test_status_says_what_the_machine_could_run_faster(
+    server: LiveServer, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server without the optimized BLAS says so, with the cost and the fix; one started
+    before it was installed says to restart (this process loaded none, as if started before)."""
+    import ctypes.util
+
+    from mlx_omnia import allocator
+    from mlx_omnia.engine import blas
+
+    assert blas.note(on_cpu=False) is None
+    monkeypatch.setattr(blas, "loaded", None)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    missing = blas.note(on_cpu=True)
+    assert missing is not None and "no optimized BLAS" in missing
+    assert "~10x slower prefill" in missing and "apt-get install libopenblas0-pthread" in missing
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: f"lib{name}.so.0")
+    status = omnia("status", "--url", server.url, env=env)
+    assert status.returncode == 0, status.stderr
+    notes = [line for line in status.stdout.splitlines() if line.startswith("note:")]
+    assert any("an OpenBLAS is installed but this process started without it" in n
+               and n.endswith("restart it") for n in notes), status.stdout
+    monkeypatch.setattr(allocator, "loaded", lambda: None)
+    jemalloc = allocator.note()
+    assert jemalloc is not None and "jemalloc is installed but this process started" in jemalloc

@@ -7,6 +7,7 @@ History and system messages are checked through the prompt sizes the server repo
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -185,6 +186,57 @@ def test_chat_past_the_context_says_how_to_go_on(server: LiveServer, tmp_path: P
         child.expect_exact("(/reset starts a new conversation)")
         child.expect_exact(PROMPT)
         child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+
+
+class Screen:
+    """What the chat's terminal shows: its output fed to a VT100 emulator (pyte) with the
+    scrolled-off lines kept, as a user would read it."""
+
+    def __init__(self, child: pexpect.spawn, rows: int = 30, cols: int = 100) -> None:
+        import pyte
+
+        self.screen = pyte.HistoryScreen(cols, rows, history=10_000)
+        self.stream = pyte.Stream(self.screen)
+        self.child = child
+
+    def expect(self, pattern: str) -> None:
+        self.child.expect(pattern)
+        self.stream.feed(self.child.before + self.child.after)
+
+    def lines(self) -> list[str]:
+        above = ["".join(c.data for c in row.values()) for row in self.screen.history.top]
+        return [line.rstrip() for line in (*above, *self.screen.display)]
+
+
+def test_ctrl_c_shows_the_partial_answer_once_and_type_ahead_is_dropped(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    child = spawn(server, tmp_path)
+    screen = Screen(child)
+    try:
+        child.sendline("Write a long story about a cat who travels the world.")
+        screen.expect(r"the world\.\r\n")
+        screen.expect(r"[A-Za-z]{3,} [A-Za-z]{3,}")  # the answer has started
+        child.send("zzq typed ahead\r")  # typed while the answer streams
+        time.sleep(0.5)
+        child.sendintr()
+        screen.expect(r"\[interrupted\]")
+        screen.expect(re.escape(PROMPT))
+        lines = [line for line in screen.lines() if line.strip()]
+        at = next(i for i, line in enumerate(lines) if "the world." in line)
+        answer = lines[at + 1 : lines.index("[interrupted]", at)]
+        assert answer, lines
+        assert lines.count(answer[0]) == 1, lines  # the partial answer once, not twice
+        assert not any("zzq" in line for line in lines), lines  # not echoed into it
+        child.sendline("What is 2 + 2?")
+        screen.expect(r"\d+ tokens, [\d.]+ tok/s")
+        screen.expect(re.escape(PROMPT))
+        # the type-ahead was dropped, not sent as a message of its own
+        assert not any("zzq" in line for line in screen.lines())
+        child.sendline("/exit")
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         load,
         pull,
         runtime_info,
+        runtime_notes,
     )
 
 __all__ = [
@@ -97,6 +98,7 @@ __all__ = [
     "load",
     "pull",
     "runtime_info",
+    "runtime_notes",
 ]
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,11 +168,13 @@ class Session:
 
     def _stream(self, body: JsonObject, answer: Answer) -> None:
         pieces = self.ctx.client.chat(body, answer)
-        with contextlib.closing(pieces):
+        ctrl_c = _CtrlC()
+        with contextlib.closing(pieces), ctrl_c, _typing_ignored():
             if not self.console.is_terminal:
                 for text in pieces:
-                    self.console.file.write(text)
-                    self.console.file.flush()
+                    with ctrl_c.held():
+                        self.console.file.write(text)
+                        self.console.file.flush()
                 return
             height = max(3, self.console.size.height - 2)
             with Live(
@@ -179,7 +184,8 @@ class Session:
                 for _ in pieces:
                     now = time.monotonic()
                     if now - shown >= 0.05:
-                        live.update(_Tail(Markdown(answer.text), height), refresh=True)
+                        with ctrl_c.held():  # never half a frame on screen
+                            live.update(_Tail(Markdown(answer.text), height), refresh=True)
                         shown = now
 
     def _final(self, text: str) -> None:
@@ -190,6 +196,69 @@ class Session:
         else:
             self.console.file.write("\n")
         self.console.print()
+
+
+class _CtrlC:
+    """SIGINT while an answer streams: KeyboardInterrupt at once while waiting for the server,
+    but after the frame being drawn (`held`), so the screen never keeps half a frame that the
+    final answer then repeats."""
+
+    def __init__(self) -> None:
+        self._holding = False
+        self._pending = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self._holding:
+            self._pending = True
+        else:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    @contextlib.contextmanager
+    def held(self) -> Generator[None]:
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._pending:
+            self._pending = False
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _typing_ignored() -> Generator[None]:
+    """While an answer streams, keys typed are not echoed into it and are dropped when it ends
+    (they would otherwise be sent as the next message unseen); Ctrl-C still interrupts."""
+    stdin = sys.stdin
+    try:
+        import termios
+
+        fd = stdin.fileno()
+        saved = termios.tcgetattr(fd) if stdin.isatty() else None
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] = saved[3] & ~termios.ECHO  # lflag: no echo, line mode and signals kept
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcflush(fd, termios.TCIFLUSH)
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 def read_message(read: Callable[[str], str]) -> tuple[str, bool]:

@@ -100,13 +100,15 @@ def run(ctx: Context, args: Any) -> int:
     )
     answer = Answer()
     out = sys.stdout
-    with contextlib.closing(ctx.client.chat(body, answer)) as pieces:
-        for text in pieces:
-            out.write(text)
+    try:
+        with contextlib.closing(ctx.client.chat(body, answer)) as pieces:
+            for text in pieces:
+                out.write(text)
+                out.flush()
+    finally:  # the answer's last line ends, whatever stopped it (Ctrl-C notes "interrupted")
+        if answer.text and not answer.text.endswith("\n"):
+            out.write("\n")
             out.flush()
-    if answer.text and not answer.text.endswith("\n"):
-        out.write("\n")
-        out.flush()
     if answer.finish_reason == "length":
         ctx.note("(the answer reached --max-tokens)")
     return EXIT_OK
@@ -258,6 +260,8 @@ def status(ctx: Context, args: Any) -> int:
     else:
         lines.append(("daemon", f"started outside omnia (pid {info.get('pid')})"))
     lines.append(("uptime", fmt.duration(_float(info.get("uptime_s")))))
+    for note in as_list(info.get("notes")):
+        lines.append(("note", str(note)))
     stale = stale_install(info)
     if stale:
         restart = "omnia stop, then any omnia command starts it again" if auto else "restart it"

@@ -32,7 +32,7 @@ from mlx_omnia.engine.loading.cache import (
     pull,
 )
 from mlx_omnia.engine.model import Generation, Model
-from mlx_omnia.engine.runtime import runtime_info
+from mlx_omnia.engine.runtime import runtime_info, runtime_notes
 from mlx_omnia.engine.text.tools import ToolCall, ToolCallDelta
 from mlx_omnia.engine.types import (
     Bounds,
@@ -94,6 +94,7 @@ __all__ = [
     "load",
     "pull",
     "runtime_info",
+    "runtime_notes",
 ]
 
 

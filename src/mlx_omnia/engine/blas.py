@@ -88,4 +88,19 @@ def late_warning() -> str | None:
     )
 
 
+def note(on_cpu: bool) -> str | None:
+    """What a Linux CPU process loses without an optimized BLAS, and how to get it (None when it
+    has one, runs elsewhere, or OMNIA_BLAS=0 chose the reference BLAS). Read again on each call:
+    an OpenBLAS installed after the start is named, and only a restart loads it."""
+    if loaded is not None or not on_cpu or not sys.platform.startswith("linux"):
+        return None
+    if os.environ.get("OMNIA_BLAS", "") == "0" or too_late:
+        return None
+    cost = "float32 matmuls run on MLX's reference BLAS: ~2x slower decode, ~10x slower prefill"
+    if ctypes.util.find_library("openblas") is not None:
+        return f"an OpenBLAS is installed but this process started without it ({cost}); restart it"
+    return (f"no optimized BLAS ({cost}); install one (Debian/Ubuntu: apt-get install "
+            "libopenblas0-pthread, as root or with sudo) and restart")
+
+
 preload()  # at import: the engine package imports this module before any other

@@ -41,6 +41,13 @@ def runtime_info() -> dict[str, str | None]:
     }
 
 
+def runtime_notes() -> list[str]:
+    """What slows this process down that the machine could fix: a missing or not yet loaded
+    optimized BLAS (Linux CPU), a jemalloc installed since the start."""
+    on_cpu = mx.default_device() != mx.gpu
+    return [n for n in (blas.note(on_cpu), allocator.note() if on_cpu else None) if n]
+
+
 def _allocator() -> str:
     """The malloc this process runs on: a preloaded jemalloc's file name, else "system"."""
     path = allocator.loaded()

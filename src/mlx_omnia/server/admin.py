@@ -31,6 +31,7 @@ from mlx_omnia import (
     estimate_memory,
     pull,
     runtime_info,
+    runtime_notes,
 )
 from mlx_omnia.server.dialects.common import sse
 from mlx_omnia.server.dialects.errors import from_engine
@@ -72,6 +73,7 @@ async def status(request: Request) -> dict[str, Any]:
         "uptime_s": time.time() - state.started_at,
         "runtime": runtime_info(),
         "install": state.install,
+        "notes": runtime_notes(),
         "memory": {
             **_system_memory(),
             "limit_bytes": state.settings.memory_limit,

@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_omnia.server.app import create_app
 
     app = create_app(settings)
+    from mlx_omnia import runtime_notes
+
+    for note in runtime_notes():  # what the machine could make faster, said at start
+        print(f"WARNING: {note}", file=sys.stderr, flush=True)
     manager = app.state.omnia.manager
     if settings.model:
         path = Path(settings.model).expanduser()
