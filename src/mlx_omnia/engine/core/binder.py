@@ -14,10 +14,18 @@ import mlx.nn as nn
 
 from mlx_omnia.engine.core import fusion
 from mlx_omnia.engine.core.binding import Declaration
-from mlx_omnia.engine.core.kernels import attention_step, grouped_experts, moe, qmv, scratch_scope
+from mlx_omnia.engine.core.kernels import (
+    attention_step,
+    dequantized_matmul,
+    grouped_experts,
+    moe,
+    qmv,
+    scratch_scope,
+)
 from mlx_omnia.engine.core.mxcompat import named_modules
 
-KERNEL_PACKAGES = (qmv, attention_step, moe, grouped_experts)  # imported for their registrations
+# imported for their registrations
+KERNEL_PACKAGES = (qmv, attention_step, moe, grouped_experts, dequantized_matmul)
 
 FORCE_REFERENCE_ENV = "OMNIA_REFERENCE_KERNELS"
 CHAINED_ENV = "OMNIA_CHAINED_KERNELS"

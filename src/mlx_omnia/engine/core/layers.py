@@ -83,15 +83,26 @@ class Linear(Declaration):
         drop_parameters(self, "scales", "biases")
         self.bits = self.group_size = None
 
-    def reference(self) -> Callable[..., mx.array]:
+    def reference(self, *, dequantized_rows: int | None = None) -> Callable[..., mx.array]:
+        """The core call. `dequantized_rows`: a call with at least that many rows (a prefill
+        chunk) multiplies by the weight dequantized to the input's dtype instead (the same
+        products: where quantized_matmul dequantizes in its kernel, here a whole matrix first,
+        which a backend may run far faster for many rows)."""
         if self.quantized:
             bits, group_size = self.bits, self.group_size
 
             def qmm(x: mx.array, residual: mx.array | None = None) -> mx.array:
-                y = mx.quantized_matmul(
-                    x, self.weight, self.scales, self.biases,
-                    transpose=True, group_size=group_size, bits=bits,
-                )
+                if dequantized_rows is not None and x.size // x.shape[-1] >= dequantized_rows:
+                    w = mx.dequantize(
+                        self.weight, self.scales, self.biases, group_size=group_size, bits=bits,
+                        dtype=x.dtype,
+                    )
+                    y = x @ w.T
+                else:
+                    y = mx.quantized_matmul(
+                        x, self.weight, self.scales, self.biases,
+                        transpose=True, group_size=group_size, bits=bits,
+                    )
                 y = y + self.bias if "bias" in self else y
                 return y if residual is None else residual + y
 

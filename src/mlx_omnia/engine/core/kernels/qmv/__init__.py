@@ -12,6 +12,7 @@ import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import register
 from mlx_omnia.engine.core.kernels import CudaKernel, launch_counters
+from mlx_omnia.engine.core.kernels.dequantized_matmul import DEQUANTIZED_ROWS
 from mlx_omnia.engine.core.kernels.qmv.cuda import (
     MAX_ROWS,
     QmvSpec,
@@ -87,7 +88,8 @@ class QmvLinear(CudaKernel[Linear]):
     def build(self, decl: Linear) -> Callable[..., mx.array]:
         plain, fused = linear_spec(decl, residual=False), linear_spec(decl, residual=True)
         assert plain is not None and fused is not None
-        reference = decl.reference()
+        # many rows (prefill): the dense matmul of the dequantized weight, as on any CUDA Linear
+        reference = decl.reference(dequantized_rows=DEQUANTIZED_ROWS if decl.quantized else None)
         rows_ok = {False: rows_fits(plain), True: rows_fits(fused)}  # by residual
         calls: dict[tuple[tuple[int, ...], bool], Callable[[Sequence[mx.array]], list[mx.array]]] = {}
 
