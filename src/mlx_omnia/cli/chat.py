@@ -206,6 +206,7 @@ class _CtrlC:
     def __init__(self) -> None:
         self._holding = False
         self._pending = False
+        self._installed = False
         self._previous: Any = None
 
     def _handle(self, signum: int, frame: object) -> None:
@@ -215,13 +216,16 @@ class _CtrlC:
             raise KeyboardInterrupt
 
     def __enter__(self) -> _CtrlC:
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():  # signals go to it only
             self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        if self._installed:
+            previous = self._previous  # None: a handler set outside Python; Python's default then
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+            self._installed = False
 
     @contextlib.contextmanager
     def held(self) -> Generator[None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -41,11 +42,20 @@ def runtime_info() -> dict[str, str | None]:
     }
 
 
+_NOTES_EVERY_S = 30.0  # status pages poll; looking for the libraries runs ldconfig
+_notes: tuple[float, list[str]] | None = None
+
+
 def runtime_notes() -> list[str]:
     """What slows this process down that the machine could fix: a missing or not yet loaded
-    optimized BLAS (Linux CPU), a jemalloc installed since the start."""
-    on_cpu = mx.default_device() != mx.gpu
-    return [n for n in (blas.note(on_cpu), allocator.note() if on_cpu else None) if n]
+    optimized BLAS (Linux CPU), a jemalloc installed since the start. Looked up again at most
+    every 30 s."""
+    global _notes
+    now = time.monotonic()
+    if _notes is None or now - _notes[0] > _NOTES_EVERY_S:
+        on_cpu = mx.default_device() != mx.gpu
+        _notes = (now, [n for n in (blas.note(on_cpu), allocator.note() if on_cpu else None) if n])
+    return list(_notes[1])
 
 
 def _allocator() -> str:

@@ -153,6 +153,7 @@ class ProjectRoute(Declaration):
     def __call__(self, a: mx.array, residual: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         return self._bound(a, residual)
 
+
 # The core groups the selected experts' rows by expert where a call has at least this many rows
 # (tokens x k) per expert on average: fewer, and the padding of each expert's last block costs more
 # than reading its weights once a row.
