@@ -30,7 +30,8 @@ def server() -> Iterator[LiveServer]:
         yield s
 
 
-def spawn(server: LiveServer, tmp_path: Path, *args: str) -> pexpect.spawn:
+def spawn(server: LiveServer, tmp_path: Path, *args: str, ready: bool = True) -> pexpect.spawn:
+    """`omnia chat` on a pseudo-terminal; `ready`: waited for until it shows its prompt."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIA_")}
     env.update(
         TERM="xterm-256color",
@@ -46,7 +47,8 @@ def spawn(server: LiveServer, tmp_path: Path, *args: str) -> pexpect.spawn:
         dimensions=(30, 100),
         timeout=60,
     )
-    child.expect_exact(PROMPT)
+    if ready:
+        child.expect_exact(PROMPT)
     return child
 
 
@@ -163,14 +165,7 @@ def test_chat_ctrl_d_and_unknown_command(server: LiveServer, tmp_path: Path) -> 
 
 def test_chat_with_a_model_the_server_lacks_stops_at_once(server: LiveServer, tmp_path: Path) -> None:
     """The model is checked when the chat starts, not at the first message."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIA_")}
-    env.update(HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"),
-               OMNIA_DEFAULT_URL=f"http://127.0.0.1:{free_port()}")
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "mlx_omnia.cli.main", "chat", "--url", server.url, "-m", "acme/nosuch"],
-        env=env, encoding="utf-8", dimensions=(30, 100), timeout=60,
-    )
+    child = spawn(server, tmp_path, "-m", "acme/nosuch", ready=False)
     child.expect_exact("error: acme/nosuch is not on the server's disk")
     child.expect_exact("omnia pull acme/nosuch")
     child.expect(pexpect.EOF)

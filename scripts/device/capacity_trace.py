@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from pathlib import Path
 
-from mlx_omnia import GenerationOptions, load
-from mlx_omnia.bench.shapes import build_checkpoint
+from probe import random_model
+
+from mlx_omnia import GenerationOptions
 from mlx_omnia.engine.core import cache as kv
 
 
@@ -33,10 +33,7 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--tokens", type=int, default=8)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = build_checkpoint(args.model, Path(tmp) / "ckpt", dtype="bfloat16",
-                                quantize=(args.quantize, 64) if args.quantize else None)
-        model = load(path)
+    with random_model(args.model, args.quantize) as model:
         options = GenerationOptions(max_tokens=args.tokens, temperature=0.0,
                                     logit_bias=dict.fromkeys(sorted(model.tokenizer.eos_token_ids), -100.0))
         model.generate(model.tokenizer.decode(list(range(7, 519))), options)  # warm

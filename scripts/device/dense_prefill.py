@@ -7,24 +7,13 @@ Qwen3-4B's (hidden 2560, intermediate 9728, 32 query / 8 KV heads of 128, vocab 
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import mlx.core as mx
+from probe import timed
 
-H, I, Q, KV, V = 2560, 9728, 4096, 1024, 151936
-MATS = {"qkv": (Q + 2 * KV, H), "o": (H, Q), "gate_up": (2 * I, H), "down": (H, I), "head": (V, H)}
-
-
-def timed(fn: Callable[[], mx.array], n: int) -> float:
-    for _ in range(2):
-        mx.eval(fn())
-    mx.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        mx.eval(fn())
-    mx.synchronize()
-    return (time.perf_counter() - t) / n * 1e3
+H, INTER, Q, KV, V = 2560, 9728, 4096, 1024, 151936
+MATS = {"qkv": (Q + 2 * KV, H), "o": (H, Q), "gate_up": (2 * INTER, H), "down": (H, INTER), "head": (V, H)}
 
 
 def main() -> None:
@@ -44,7 +33,7 @@ def main() -> None:
           "four matrices (x36) plus the head")
     for m in (int(r) for r in args.rows.split(",")):
         totals = {"bf16": 0.0, "qmm": 0.0, "dequant+mm": 0.0}
-        for name, (n, k) in MATS.items():
+        for name, (_, k) in MATS.items():
             dense, wq, s, b = weights[name]
             x = mx.random.normal((m, k)).astype(mx.bfloat16)
             mx.eval(x)

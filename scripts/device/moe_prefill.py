@@ -14,26 +14,15 @@ prefill chunk runs them: the layout made for each)."""
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from probe import timed
 
 from mlx_omnia.engine.core.moe import DownCombine, ExpertGroups, GateUp
 
 Arm = Callable[[mx.array, mx.array], mx.array]
-
-
-def timed(fn: Callable[[], mx.array], n: int) -> float:
-    for _ in range(2):
-        mx.eval(fn())
-    mx.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        mx.eval(fn())
-    mx.synchronize()
-    return (time.perf_counter() - t) / n * 1e3
 
 
 def main() -> None:
@@ -143,7 +132,7 @@ def main() -> None:
         try:
             diff = mx.abs(arm(x, ids).astype(mx.float32) - ref).max().item() / scale
             ms = timed(lambda arm=arm: arm(x, ids), args.runs)
-        except Exception as exc:  # noqa: BLE001 - a probe reports what fails and goes on
+        except Exception as exc:
             print(f"{name:9s} failed: {exc}")
             continue
         base = base or ms

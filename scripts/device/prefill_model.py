@@ -8,12 +8,11 @@ past any call, the network bound again).
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
-from mlx_omnia import GenerationOptions, load
-from mlx_omnia.bench.shapes import build_checkpoint
+from probe import random_model
+
+from mlx_omnia import GenerationOptions
 from mlx_omnia.engine.core import moe
 from mlx_omnia.engine.core.binder import bind_layers
 from mlx_omnia.engine.core.kernels import dequantized_matmul, qmv
@@ -28,10 +27,7 @@ def main() -> None:
     p.add_argument("--tokens", default="2048,8192")
     p.add_argument("--runs", type=int, default=2)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = build_checkpoint(args.model, Path(tmp) / "ckpt", dtype="bfloat16",
-                                quantize=(args.quantize, 64) if args.quantize else None)
-        model = load(path)
+    with random_model(args.model, args.quantize) as model:
         options = GenerationOptions(max_tokens=1, temperature=0.0)
         grouped, dense_rows = moe.GROUPED_ROWS_PER_EXPERT, dequantized_matmul.DEQUANTIZED_ROWS
 

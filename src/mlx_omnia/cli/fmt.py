@@ -11,11 +11,11 @@ def size(n: int | float | None) -> str:
     value = float(n)
     units = ("B", "KB", "MB", "GB", "TB")
     i = 0
-    while abs(value) >= 1000 and i < len(units) - 1:
+    while value >= 1000 and i < len(units) - 1:
         value /= 1000
         i += 1
-    if i == 0 or abs(value) >= 100:
-        return f"{int(value + 0.5) if value >= 0 else -int(-value + 0.5)} {units[i]}"
+    if i == 0 or value >= 100:
+        return f"{int(value + 0.5)} {units[i]}"  # half up, as the web app's Math.round
     return f"{value:.1f} {units[i]}"
 
 

@@ -73,7 +73,8 @@ def _reserve(state: dict[str, mx.array], names: Sequence[str], total: int, step:
 
 
 class KVCache:
-    """Keys and values of one layer: [B, n_kv_heads, T, head_dim], preallocated in `step` rows."""
+    """Keys and values of one layer: [B, n_kv_heads, T, head_dim], preallocated as
+    `capacity_for` says (whole `step`s, coarser as the sequence grows)."""
 
     step = 256
 
@@ -290,7 +291,7 @@ class KVFormat:
 
 
 class QuantizedKVCache:
-    """The eager cache, quantized: a host-side offset, buffers grown in fixed steps, and
+    """The eager cache, quantized: a host-side offset, buffers grown as `capacity_for` says, and
     attention gets the codes of exactly the filled rows (`update_and_fetch_quantized`)."""
 
     step = 256
