@@ -10,6 +10,7 @@ import pydoc_data.topics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import mlx.core as mx
 import pytest
 
@@ -228,3 +229,102 @@ def test_the_server_serves_with_a_quantized_cache(
             )
         assert r.choices[0].finish_reason == "length"
         assert "keeps a plain KV cache" in caplog.text and "heads of 16 dims" in caplog.text
+
+
+def test_a_request_chooses_its_own_kv_format(smollm2: Model, smollm2_q8: Model) -> None:
+    """`kv_bits` on a request: its sequence caches in that format whatever the model's (its
+    answer is the one a model quantized so at load gives), in the model's group size; sequences
+    of different formats share a Batch (each its own group) and answer as they do alone; the
+    prefix cache never serves one format's blocks to another."""
+    chat = ask("Name four animals that live in the sea.")
+    plain = smollm2.generate(chat, GenerationOptions(max_tokens=14)).token_ids
+    eight = smollm2_q8.generate(chat, GenerationOptions(max_tokens=14)).token_ids
+    asked = smollm2.generate(chat, GenerationOptions(max_tokens=14, kv_bits=8)).token_ids
+    assert asked == eight
+    four = smollm2.generate(chat, GenerationOptions(max_tokens=14, kv_bits=4)).token_ids
+    assert smollm2_q8.generate(chat, GenerationOptions(max_tokens=14, kv_bits=4)).token_ids == four
+    assert smollm2.kv_format is None  # the model's own format is untouched
+
+    cache = PrefixCache(block_tokens=16, memory_bytes=64 * 2**20)
+    batch = Batch(smollm2, cache)
+    bits = [8, None, 4, 8, None]
+    limits = [14, 9, 14, 6, 12]
+    order: list[Generation] = []
+
+    def join(i: int) -> Callable[[], Generation]:
+        def add() -> Generation:
+            order.append(batch.add(chat, GenerationOptions(max_tokens=limits[i], kv_bits=bits[i])))
+            return order[-1]
+        return add
+
+    out, widest = drive(batch, {0: join(0), 1: join(1), 2: join(2), 4: join(3), 12: join(4)})
+    assert widest >= 3
+    want = {8: eight, None: plain, 4: four}
+    assert [tokens(out[g]) for g in order] == [want[b][:n] for b, n in zip(bits, limits, strict=True)]
+    cached = [u.cached_tokens for g in order if (u := out[g][-1].usage) is not None]
+    # the 8-bit answer that joined at step 4 found the first one's blocks; the plain one at step
+    # 12 found the first plain one's; none found another format's (the first of each: nothing)
+    assert cached[0] == cached[1] == cached[2] == 0 and cached[3] > 0 and cached[4] > 0
+
+
+def test_kv_bits_is_offered_where_the_cache_can_take_it(smollm2: Model) -> None:
+    spec = smollm2.signature.options["kv_bits"]
+    assert spec.json_schema() == {"enum": [4, 8]}
+    with pytest.raises(InvalidOptionsError, match="kv_bits must be 4 or 8"):
+        smollm2.generation("hi", GenerationOptions(kv_bits=6))
+    tiny = load(parity.checkpoint_dir("llama-default", "v5"), dtype="float32")  # 16-dim heads
+    assert "kv_bits" not in tiny.signature.options
+    with pytest.raises(InvalidOptionsError, match="kv_bits is not supported by this model"):
+        tiny.generation("hi", GenerationOptions(kv_bits=8))
+
+
+def test_the_server_takes_a_requests_kv_bits_where_allowed(smollm2: Model) -> None:
+    """`omnia-server --request-kv-bits`: each dialect's kv_bits field (Gemini's
+    generationConfig.kvBits) gives the library's answer with that format; a value the model
+    does not take is a 400 naming the field; a server started without the flag refuses the
+    field by name and still answers the next request."""
+    from mlx_omnia.server.main import build_settings
+    from mlx_omnia.server.settings import Settings
+    from tests.server_harness import anthropic_client, live_server, openai_client
+
+    assert build_settings(["--request-kv-bits"]).request_kv_bits
+    question = "Name three animals that live in the sea."
+    chat = ask(question)
+    want = {bits: smollm2.generate(chat, GenerationOptions(max_tokens=12, kv_bits=bits)).text
+            for bits in (8, 4)}
+    assert all(want.values())
+    messages = [{"role": "user", "content": question}]
+    with live_server(Settings(request_kv_bits=True)) as server:
+        client = openai_client(server)
+        r = client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=messages,  # type: ignore[arg-type]
+            max_tokens=12, temperature=0, extra_body={"kv_bits": 8},
+        )
+        assert r.choices[0].message.content == want[8]
+        a = anthropic_client(server).messages.create(
+            model="smollm2-135m-instruct", messages=messages,  # type: ignore[arg-type]
+            max_tokens=12, extra_body={"kv_bits": 4, "temperature": 0},
+        )
+        assert a.content[0].text == want[4]  # type: ignore[union-attr]
+        g = httpx.post(
+            f"{server.url}/api/gemini/v1beta/models/smollm2-135m-instruct:generateContent",
+            json={"contents": [{"role": "user", "parts": [{"text": question}]}],
+                  "generationConfig": {"maxOutputTokens": 12, "temperature": 0, "kvBits": 8}},
+            timeout=60,
+        )
+        assert g.status_code == 200, g.text
+        assert g.json()["candidates"][0]["content"]["parts"][0]["text"] == want[8]
+        bad = httpx.post(f"{server.url}/api/openai/v1/chat/completions", timeout=60, json={
+            "model": "smollm2-135m-instruct", "messages": messages, "kv_bits": 6})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "kv_bits" and "4 or 8" in bad.json()["error"]["message"]
+    with live_server(Settings()) as server:
+        refused = httpx.post(f"{server.url}/api/anthropic/v1/messages", timeout=60, json={
+            "model": "smollm2-135m-instruct", "messages": messages, "max_tokens": 4, "kv_bits": 8})
+        assert refused.status_code == 400
+        assert "--request-kv-bits" in refused.json()["error"]["message"]
+        ok = openai_client(server).chat.completions.create(
+            model="smollm2-135m-instruct", messages=messages,  # type: ignore[arg-type]
+            max_tokens=12, temperature=0,
+        )
+        assert ok.choices[0].message.content

@@ -11,9 +11,8 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.cache import PARTS
+from mlx_omnia.engine.core.cache import PARTS, KVFormat
 from mlx_omnia.engine.generate.batch import BatchDecoding, BatchSequence
-from mlx_omnia.engine.generate.loop import Network
 from mlx_omnia.engine.model import Generation, Model
 from mlx_omnia.engine.types import Chat, GenerationOptions, Piece
 
@@ -45,13 +44,13 @@ class Batch:
     `finish_reason`) is out has left. `cancel` drops one at once."""
 
     def __init__(self, model: Model, prefix_cache: PrefixStore | None = None) -> None:
-        network: Network = model.network
         self.model = model
         self.prefix_cache = prefix_cache
-        self._decoding = BatchDecoding(
-            network, None if prefix_cache is None else lambda seq: self._keep(seq, seq.prompt)
-        )
+        # one group of sequences a KV format (a request may ask for its own: `kv_bits`); each
+        # group steps on its own (its caches and compiled step are of its format)
+        self._groups: dict[KVFormat | None, BatchDecoding] = {}
         self._sequences: dict[Generation, BatchSequence] = {}
+        self._group_of: dict[BatchSequence, BatchDecoding] = {}
         self._ready: list[Event] = []  # answers that need no token (max_tokens 0)
 
     def __len__(self) -> int:
@@ -60,7 +59,7 @@ class Batch:
     @property
     def running(self) -> int:
         """Generations decoding now (the others wait for their prefill)."""
-        return len(self._decoding.running)
+        return sum(len(group.running) for group in self._groups.values())
 
     def add(self, input: Chat | str, options: GenerationOptions | None = None) -> Generation:
         generation = self.model.generation(input, options)
@@ -68,16 +67,20 @@ class Batch:
             self._ready.append((generation, generation.add(None)))
             return generation
 
+        format = generation.kv_format
+
         def prefix() -> list[tuple[mx.array, ...]] | None:  # when its prefill starts
-            rows = self._cached_prefix(generation.prompt)
+            rows = self._cached_prefix(generation.prompt, format)
             generation.cached_tokens = rows[0][0].shape[2] if rows else 0
             return rows
 
-        seq = self._decoding.add(
+        group = self._group(format)
+        seq = group.add(
             generation.prompt, generation.sample, generation.follow,
             prefix if self.prefix_cache is not None else None,
         )
         self._sequences[generation] = seq
+        self._group_of[seq] = group
         return generation
 
     def cancel(self, generation: Generation) -> None:
@@ -93,7 +96,9 @@ class Batch:
             return events
         by_seq = {seq: g for g, seq in self._sequences.items()}
         pieces: dict[Generation, list[Piece]] = {}
-        for seq, value in self._decoding.step():
+        stepped = [group.step() for group in list(self._groups.values())
+                   if group.running or group.waiting]
+        for seq, value in (out for outs in stepped for out in outs):
             generation = by_seq[seq]
             if generation not in self._sequences:
                 continue  # ended earlier in this step
@@ -116,52 +121,69 @@ class Batch:
     # -- internals ---------------------------------------------------------------------------
     def _end(self, generation: Generation) -> None:
         seq = self._sequences.pop(generation)
-        if seq.failed is None and seq in self._decoding.running:
+        if seq.failed is None and seq in self._group_of[seq].running:
             # the answer's tokens in the cache: a next turn that repeats them finds them
             self._keep(seq, [*seq.prompt, *seq.emitted])
         self._leave(seq)
 
     def _leave(self, seq: BatchSequence) -> None:
-        self._decoding.remove(seq)
+        group = self._group_of.pop(seq)
+        group.remove(seq)
+        if not (group.running or group.waiting):
+            del self._groups[group.format]
 
-    @property
-    def _names(self) -> tuple[str, ...]:
+    def _group(self, format: KVFormat | None) -> BatchDecoding:
+        group = self._groups.get(format)
+        if group is None:
+            keep: Callable[[BatchSequence], None] | None = None
+            if self.prefix_cache is not None:
+                keep = self._keep_prompt
+            group = self._groups[format] = BatchDecoding(self.model.network, keep, format)
+        return group
+
+    @staticmethod
+    def _names(format: KVFormat | None) -> tuple[str, ...]:
         """A layer's cache arrays, as blocks name them."""
-        return ("keys", "values") if self.model.kv_format is None else PARTS
+        return ("keys", "values") if format is None else PARTS
 
-    @property
-    def _model_key(self) -> str:
-        """What the prefix cache keys this model's blocks by: what it computes with, and how it
-        caches (a quantized cache's blocks are its codes)."""
-        format = self.model.kv_format
+    def _model_key(self, format: KVFormat | None) -> str:
+        """What the prefix cache keys this model's blocks by: what it computes with, and how its
+        sequence caches (a quantized cache's blocks are its codes)."""
         return self.model.identity + ("" if format is None else f"/kv-{format.name}")
 
-    def _cached_prefix(self, prompt: list[int]) -> list[tuple[mx.array, ...]] | None:
-        """Each layer's keys and values of the prompt's longest cached run of blocks (at least
-        one prompt token is left to prefill: its logits sample the first token)."""
+    def _cached_prefix(
+        self, prompt: list[int], format: KVFormat | None
+    ) -> list[tuple[mx.array, ...]] | None:
+        """Each layer's keys and values (in `format`) of the prompt's longest cached run of
+        blocks (at least one prompt token is left to prefill: its logits sample the first
+        token)."""
         if self.prefix_cache is None:
             return None
-        blocks = self.prefix_cache.lookup(self._model_key, prompt[:-1])  # keyed by the format
+        blocks = self.prefix_cache.lookup(self._model_key(format), prompt[:-1])
         if not blocks:
             return None
-        names = self._names
+        names = self._names(format)
         return [
             tuple(mx.concatenate([b[i][name] for b in blocks], axis=2) for name in names)
             for i in range(len(blocks[0]))
         ]
 
+    def _keep_prompt(self, seq: BatchSequence) -> None:
+        self._keep(seq, seq.prompt)
+
     def _keep(self, seq: BatchSequence, tokens: list[int]) -> None:
         """Offer the sequence's whole blocks to the prefix cache (those it lacks are sliced)."""
         if self.prefix_cache is None:
             return
-        rows = self._decoding.rows(seq)
+        group = self._group_of[seq]
+        rows = group.rows(seq)
         tokens = tokens[: rows[0][0].shape[2]]  # what the cache holds (the last token is not fed)
         size = self.prefix_cache.block_tokens
 
-        names = self._names
+        names = self._names(group.format)
 
         def state_of(i: int) -> BlockState:
             block = slice(i * size, (i + 1) * size)
             return [{n: a[:, :, block] for n, a in zip(names, layer, strict=True)} for layer in rows]
 
-        self.prefix_cache.store(self._model_key, tokens, state_of)
+        self.prefix_cache.store(self._model_key(group.format), tokens, state_of)

@@ -15,7 +15,7 @@ import mlx.nn as nn
 from llguidance import LLTokenizer
 
 from mlx_omnia.engine.core.binder import bindings, declarations
-from mlx_omnia.engine.core.cache import KVCache, KVFormat, kv_format, set_kv_format
+from mlx_omnia.engine.core.cache import KV_BITS, KVCache, KVFormat, kv_format, set_kv_format
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
 from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, named_modules
@@ -147,6 +147,7 @@ class Model:
             context_length=context_length,
             batched=batchable(network),
         )
+        self._offer_kv_bits()
 
     @property
     def nbytes(self) -> int:
@@ -188,28 +189,56 @@ class Model:
     def quantize_kv_cache(self, bits: int | None, group_size: int = 64) -> None:
         """Cache every later sequence's keys and values as affine `bits`-bit codes (8 or 4) in
         groups of `group_size` of a head's dims; None caches them as computed. Attention reads
-        the codes directly. Raises InvalidOptionsError where the model's attention cannot."""
+        the codes directly. Raises InvalidOptionsError where the model's attention cannot. (A
+        request's own `kv_bits` takes this format's group size.)"""
         if bits is None:
             set_kv_format(self.network, None)
+            self._offer_kv_bits()
             return
         try:
             format = KVFormat(bits, group_size)
         except ValueError as e:
             raise InvalidOptionsError(f"kv_bits: {e}") from None
+        refusal = self._kv_refusal(format)
+        if refusal is not None:
+            raise InvalidOptionsError(f"kv_bits: {refusal}")
+        set_kv_format(self.network, format)
+        self._offer_kv_bits()
+
+    def _kv_refusal(self, format: KVFormat) -> str | None:
+        """Why this model's sequences cannot cache in `format` (None: they can)."""
         if any(type(c) is not KVCache for c in self._decodable.make_cache()):
-            raise InvalidOptionsError(
-                f"kv_bits: {self.model_type} keeps a cache of its own; it cannot be quantized"
-            )
+            return f"{self.model_type} keeps a cache of its own; it cannot be quantized"
         for name, m in named_modules(self.network):
             dims = sorted({m.head_dim, m.value_dim}) if isinstance(m, AttentionStep) else []
             if not all(format.fits(d) for d in dims):
                 hint = ("pass kv_group_size=32" if all(d % 32 == 0 for d in dims)
                         else "no group size divides them")
-                raise InvalidOptionsError(
-                    f"kv_bits: {name} has heads of {' and '.join(map(str, dims))} dims, not "
-                    f"multiples of the group size {group_size}: {hint}"
-                )
-        set_kv_format(self.network, format)
+                return (f"{name} has heads of {' and '.join(map(str, dims))} dims, not "
+                        f"multiples of the group size {format.group_size}: {hint}")
+        return None
+
+    def _offer_kv_bits(self) -> None:
+        """The signature takes a request's `kv_bits` where the cache can be quantized, in the
+        model's own format's group size, else the largest of 64 and 32 its heads take."""
+        own = self.kv_format
+        groups = (own.group_size,) if own is not None else (64, 32)
+        self._request_group = next(
+            (g for g in groups if self._kv_refusal(KVFormat(KV_BITS[0], g)) is None), None
+        )
+        options = dict(self.signature.options)
+        if self._request_group is None:
+            options.pop("kv_bits", None)
+        else:
+            options.setdefault("kv_bits", generation_options()["kv_bits"])
+        self.signature = replace(self.signature, options=options)
+
+    def sequence_format(self, options: GenerationOptions) -> KVFormat | None:
+        """How a generation with `options` caches its keys and values: its `kv_bits` in the
+        model's group size, else the model's own format (checked options: see `signature`)."""
+        if options.kv_bits is None or self._request_group is None:
+            return self.kv_format
+        return KVFormat(options.kv_bits, self._request_group)
 
     def bindings(self) -> dict[str, str]:
         """The implementation bound to each layer declaration, by module path."""
@@ -255,7 +284,8 @@ class Model:
             yield from generation.add(None)
             return
         tokens = generate_tokens(
-            self._decodable, generation.prompt, generation.sample, generation.follow
+            self._decodable, generation.prompt, generation.sample, generation.follow,
+            generation.kv_format,
         )
         try:
             for token in tokens:
@@ -317,7 +347,8 @@ class Model:
             tools = chat.tools if chat.tool_choice != "none" else ()
             parser = _Calls(fmt.parser(tools), chat.parallel_tool_calls, text)
         follow = sample.follow if isinstance(sample, ReasoningBudget) or sampler.constrained else None
-        return Generation(prompt, sample, follow, text, splitter, parser, max_tokens > 0)
+        return Generation(prompt, sample, follow, text, splitter, parser, max_tokens > 0,
+                          self.sequence_format(options))
 
     def _reasoning(self, chat: Chat | None) -> ReasoningFormat | None:
         """The template's reasoning markers, for a chat that may think (not a continued turn,
@@ -436,9 +467,11 @@ class Generation:
         splitter: ReasoningSplitter | None,
         calls: _Calls | None,
         needs_tokens: bool = True,
+        kv_format: KVFormat | None = None,
     ) -> None:
         self.prompt = prompt
         self.needs_tokens = needs_tokens  # False: max_tokens is 0, add(None) gives the answer
+        self.kv_format = kv_format  # how its sequence caches keys and values
         self.sample = sample
         self.follow = follow
         self._text = text

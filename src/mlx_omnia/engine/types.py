@@ -160,6 +160,7 @@ class Bounds:
     le: float | None = None
     max_items: int | None = None
     nonempty: bool = False
+    choices: tuple[float, ...] | None = None  # the only values taken
 
     def within(self, other: Bounds) -> Bounds:
         """The values both allow."""
@@ -173,17 +174,22 @@ class Bounds:
             le=min((b for b in (self.le, other.le) if b is not None), default=None),
             max_items=min(items, default=None),
             nonempty=self.nonempty or other.nonempty,
+            choices=self.choices if other.choices is None else (
+                other.choices if self.choices is None
+                else tuple(c for c in self.choices if c in other.choices)
+            ),
         )
 
 
 def _option(
     *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-    token_ids: bool = False, tokens: bool = False,
+    choices: tuple[float, ...] | None = None, token_ids: bool = False, tokens: bool = False,
 ) -> dict[str, Any]:
-    """A GenerationOptions field's metadata: the bounds of its values; `token_ids`: the items (or
-    keys) are token ids, bounded by the model's vocabulary; `tokens`: the value counts tokens,
-    at most the model's context length."""
-    return {"bounds": Bounds(ge=ge, gt=gt, le=le), "token_ids": token_ids, "tokens": tokens}
+    """A GenerationOptions field's metadata: the bounds of its values (or the `choices` alone it
+    takes); `token_ids`: the items (or keys) are token ids, bounded by the model's vocabulary;
+    `tokens`: the value counts tokens, at most the model's context length."""
+    bounds = Bounds(ge=ge, gt=gt, le=le, choices=choices)
+    return {"bounds": bounds, "token_ids": token_ids, "tokens": tokens}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,6 +226,11 @@ class GenerationOptions:
     # What the output must match (JSON schema, Lark grammar, regex); the answer ends with an end
     # token once the constraint is complete (finish_reason "stop").
     constraint: Constraint | None = None
+    # This answer's KV cache as affine 8- or 4-bit codes (the model's group size, else the
+    # largest of 64 and 32 that its heads take), read directly by attention; None: the model's
+    # own format (Model.quantize_kv_cache, as computed unless set). Not every model takes it:
+    # its Signature leaves it out where the cache cannot be quantized.
+    kv_bits: int | None = field(default=None, metadata=_option(choices=(4, 8)))
 
 
 _NOUNS: dict[type, str] = {
@@ -285,6 +296,8 @@ class OptionSpec:
                 raise self._error("must not hold an empty string" if whose else "must not be empty")
             return
         x = cast(float, value)
+        if b.choices is not None and x not in b.choices:
+            raise self._error(f"{whose}must be {' or '.join(_num(c) for c in b.choices)}")
         if (
             (b.ge is not None and x < b.ge)
             or (b.gt is not None and x <= b.gt)
@@ -315,6 +328,8 @@ class OptionSpec:
                 one[key] = int(bound) if self.type is int else bound
         if b.nonempty:
             one["minLength"] = 1
+        if b.choices is not None:
+            one["enum"] = [int(c) if self.type is int else c for c in b.choices]
         if self.shape == "value":
             return one
         count, inner = ("maxItems", "items") if self.shape == "sequence" else (

@@ -77,6 +77,8 @@ def build_settings(argv: list[str] | None) -> Settings:
                         help="cache keys and values as 8- or 4-bit codes (default: as computed)")
     parser.add_argument("--kv-group-size", type=int, choices=[32, 64, 128], default=64,
                         help="a quantized cache's group of head dims sharing a scale")
+    parser.add_argument("--request-kv-bits", action="store_true",
+                        help="let a request ask for its own KV cache format (its kv_bits field)")
     parser.add_argument("--cors-origin", action="append", default=[])
     parser.add_argument("--max-body", type=parse_size, default=None, help="request body limit, e.g. 8M")
     args = parser.parse_args(argv)
@@ -92,6 +94,7 @@ def build_settings(argv: list[str] | None) -> Settings:
     if args.prefix_cache_dir is not None:
         settings.prefix_dir = Path(args.prefix_cache_dir)
     settings.kv_bits, settings.kv_group_size = args.kv_bits, args.kv_group_size
+    settings.request_kv_bits = args.request_kv_bits
     if args.max_body is not None:
         settings.max_body_bytes = args.max_body
     if args.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:

@@ -46,6 +46,9 @@ class Settings:
     # whose attention cannot take it is served with a plain cache, and the log says so.
     kv_bits: int | None = None
     kv_group_size: int = 64
+    # Whether a request may ask for its own KV format (`kv_bits`: 8 or 4; each model's group
+    # size); off, such a request is refused (400) and every answer caches as its model does.
+    request_kv_bits: bool = False
     cors_origins: tuple[str, ...] = ()
     model: str | None = None  # preloaded at start
     max_body_bytes: int = 8 * 1024 * 1024

@@ -514,10 +514,11 @@ def set_kv_format(network: object, format: KVFormat | None) -> None:
     setattr(network, _KV_FORMAT, format)
 
 
-def sequence_caches(network: object, made: list[KVCache]) -> list[KVCache | QuantizedKVCache]:
+def sequence_caches(
+    made: list[KVCache], format: KVFormat | None
+) -> list[KVCache | QuantizedKVCache]:
     """A new sequence's caches: the family's (`made`), each plain KVCache quantized when the
-    network's format says so."""
-    format = kv_format(network)
+    sequence's `format` says so (the network's, `kv_format`, or a request's own)."""
     if format is None:
         return list(made)
     return [QuantizedKVCache(format) if type(c) is KVCache else c for c in made]

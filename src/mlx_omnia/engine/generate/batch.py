@@ -23,13 +23,16 @@ from mlx_omnia.engine.core.cache import (
     PARTS,
     BatchRows,
     KVCache,
+    KVFormat,
     QuantizedBatchRows,
     kv_format,
 )
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item
 from mlx_omnia.engine.generate.loop import (
     COMPILE_ENV,
+    INHERIT,
     Decoding,
+    Inherit,
     LayerRows,
     Network,
     prefill_chunk,
@@ -148,15 +151,14 @@ class BatchCache:
 _FORWARD = "_omnia_batch_forward"  # kept on the network: every batch reuses its traces
 
 
-def batch_forward(network: Network) -> BatchForward:
-    """The batch's decode step as a function of arrays, compiled unless OMNIA_COMPILE=0: one
-    trace per batch size and capacity, kept (with the compiled function, on the network) for
-    every later batch of this network."""
+def batch_forward(network: Network, format: KVFormat | None) -> BatchForward:
+    """The batch's decode step as a function of arrays for caches in `format`, compiled unless
+    OMNIA_COMPILE=0: one trace per batch size and capacity, kept (with the compiled function, on
+    the network, one a format) for every later batch of this network."""
     compiled = os.environ.get(COMPILE_ENV, "auto") != "0"
-    format = kv_format(network)
-    kept: tuple[bool, object, BatchForward] | None = getattr(network, _FORWARD, None)
-    if kept is not None and kept[:2] == (compiled, format):
-        return kept[2]
+    kept: dict[tuple[bool, KVFormat | None], BatchForward] = getattr(network, _FORWARD, None) or {}
+    if (compiled, format) in kept:
+        return kept[compiled, format]
 
     def forward(ids: mx.array, offsets: mx.array, *buffers: mx.array) -> list[mx.array]:
         if format is None:
@@ -170,7 +172,7 @@ def batch_forward(network: Network) -> BatchForward:
         return [logits, *(a for r in quantized for a in r.parts)]
 
     made = cast(BatchForward, mx.compile(forward)) if compiled else forward
-    setattr(network, _FORWARD, (compiled, format, made))
+    setattr(network, _FORWARD, {**kept, (compiled, format): made})
     return made
 
 
@@ -225,18 +227,21 @@ class BatchSequence:
 
 
 class BatchDecoding:
-    """The sequences being decoded together. `add` a sequence (optionally with a cached prefix of
-    its prompt), call `step` for tokens, `remove` a sequence when its consumer is done with it."""
+    """The sequences being decoded together, caching keys and values in one `format` (by default
+    the network's). `add` a sequence (optionally with a cached prefix of its prompt), call `step`
+    for tokens, `remove` a sequence when its consumer is done with it."""
 
     def __init__(
-        self, network: Network, on_join: Callable[[BatchSequence], None] | None = None
+        self, network: Network, on_join: Callable[[BatchSequence], None] | None = None,
+        format: KVFormat | Inherit | None = INHERIT,
     ) -> None:
         self._network = network
+        self.format = kv_format(network) if isinstance(format, Inherit) else format
         self._on_join = on_join  # told of each sequence whose prompt is in (a prefix cache)
         self.waiting: deque[BatchSequence] = deque()
         self.running: list[BatchSequence] = []
         self._caches: BatchCache | None = None
-        self._forward_batch = batch_forward(network)
+        self._forward_batch = batch_forward(network, self.format)
         self._idle = mx.zeros((), dtype=mx.int32)  # a free slot's token (its row is ignored)
         # sequences of a network that cannot batch run one after another
         self.limit = None if batchable(network) else 1
@@ -386,7 +391,7 @@ class BatchDecoding:
         Returns the tokens fed."""
         if seq.decoding is None:
             rows = seq.prefix() if seq.prefix is not None else None
-            seq.decoding = Decoding(self._network, rows or ())
+            seq.decoding = Decoding(self._network, rows or (), self.format)
             seq.fed = seq.decoding.length
             if seq.fed >= len(seq.prompt):
                 raise ValueError("a cached prefix must leave a prompt token to prefill")
@@ -430,6 +435,6 @@ class BatchDecoding:
         alone = self.running[0]
         rows = cast(BatchCache, self._caches).row(alone.slot)
         evaluate([a for r in rows for a in r])
-        alone.decoding = Decoding(self._network, rows)
+        alone.decoding = Decoding(self._network, rows, self.format)
         alone.slot = 0  # its logits are the one row of its own step's
         self._caches = None

@@ -178,24 +178,35 @@ def compile_enabled(network: Network) -> bool:
     return bool(steps) and all(m.binding != "core" for m in steps)
 
 
+class Inherit:
+    """A sequence's KV format not given: the network's (`kv_format`, set at load)."""
+
+
+INHERIT = Inherit()
+
+
 class Decoding:
     """One sequence being decoded: `feed` (teacher forcing) and `step` (generation) run ids
-    through the network, extending the sequence's cache.
+    through the network, extending the sequence's cache (in `format`: by default the network's;
+    None keeps keys and values as computed).
 
     A prompt fed `last_only` is prefilled in chunks of `prefill_chunk()` rows. Single tokens
     after the first feed run the compiled decode step where `compile_enabled`. `close` hands the
     compiled step (its traces) back to the network for the next sequence; a Decoding dropped
     without `close` hands it back then (otherwise every new sequence would trace it again)."""
 
-    def __init__(self, network: Network, rows: Sequence[LayerRows] = ()) -> None:
+    def __init__(
+        self, network: Network, rows: Sequence[LayerRows] = (),
+        format: KVFormat | Inherit | None = INHERIT,
+    ) -> None:
         self._network = network
-        self._cache: list[EagerCache] = sequence_caches(network, network.make_cache())
+        self.format = kv_format(network) if isinstance(format, Inherit) else format
+        self._cache: list[EagerCache] = sequence_caches(network.make_cache(), self.format)
         self._step: CompiledStep | None = None
         self._compile = compile_enabled(network)
         self.length = 0
         if rows:  # a sequence taken over with its keys and values (a prefix, a batch's row)
-            format = kv_format(network)
-            self._cache = [filled_cache(format, r) for r in rows]
+            self._cache = [filled_cache(self.format, r) for r in rows]
             self.length = rows[0][0].shape[2]
 
     def rows(self) -> list[LayerRows]:
@@ -272,16 +283,18 @@ def generate_tokens(
     prompt_ids: list[int],
     sample: Callable[[mx.array], mx.array],
     follow: Callable[[int], None] | None = None,
+    format: KVFormat | Inherit | None = INHERIT,
 ) -> Generator[int]:
     """Yield sampled token ids forever (the caller decides when to stop): the prompt is
-    prefilled, then each step is queued before the token before it is handed out.
+    prefilled, then each step is queued before the token before it is handed out. The
+    sequence caches in `format` (Decoding's).
 
     `follow` (a constrained sampler's): called with each token before the next is sampled, which
     then depends on the token's value; the next forward runs on the device meanwhile."""
     if follow is not None:
-        yield from _generate_followed(network, prompt_ids, sample, follow)
+        yield from _generate_followed(network, prompt_ids, sample, follow, format)
         return
-    with Decoding(network) as sequence:
+    with Decoding(network, (), format) as sequence:
         token = sample(sequence.feed(prompt_ids, last_only=True)[-1])
         evaluate_async(token)
         while True:
@@ -296,12 +309,13 @@ def _generate_followed(
     prompt_ids: list[int],
     sample: Callable[[mx.array], mx.array],
     follow: Callable[[int], None],
+    format: KVFormat | Inherit | None,
 ) -> Generator[int]:
     """generate_tokens when sampling token t + 1 needs token t's value on the host (a grammar's
     mask): the forward for t + 1 is queued behind the (lazy) sample of t before the host waits
     for t's value, so the device goes on to it at once; `follow(t)` and the consumer's handling
     of t run while it computes; then t + 1 is sampled under the mask that follows t."""
-    with Decoding(network) as sequence:
+    with Decoding(network, (), format) as sequence:
         token = sample(sequence.feed(prompt_ids, last_only=True)[-1])
         evaluate_async(token)
         while True:

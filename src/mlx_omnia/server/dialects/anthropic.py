@@ -146,6 +146,7 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = Field(None, json_schema_extra=documented("temperature", LIMITS))
     top_p: float | None = Field(None, json_schema_extra=documented("top_p", LIMITS))
     top_k: int | None = Field(None, json_schema_extra=documented("top_k", LIMITS))
+    kv_bits: int | None = Field(None, json_schema_extra=documented("kv_bits"))
     stream: bool = False
     metadata: dict[str, Any] | None = None
 
@@ -556,6 +557,7 @@ def options_of(body: MessagesRequest) -> Options:
     options.set("temperature", body.temperature)
     options.set("top_p", body.top_p)
     options.set("top_k", body.top_k)
+    options.set("kv_bits", body.kv_bits)
     options.set("stop", body.stop_sequences, "stop_sequences")
     return output_of(body, options)
 

@@ -101,6 +101,8 @@ _OPENAI_METADATA = (
     ignored("safety_identifier", "an end-user id for abuse monitoring",
             {"safety_identifier": "s-1"}),
 )
+# omnia's own field on every generating endpoint (Gemini's generationConfig.kvBits)
+_KV_BITS = "this answer's KV cache as 8- or 4-bit codes, where the server allows it (--request-kv-bits)"
 _SAMPLING = (
     honoured("model", "a listed model, an alias or a cached hub id"),
     honoured("stream", "server-sent events"),
@@ -116,6 +118,7 @@ _SAMPLING = (
     honoured("frequency_penalty", "-2 to 2"),
     honoured("logit_bias", "token id to -100..100, added before sampling"),
     honoured("n", "1-128 choices, generated one after another"),
+    honoured("kv_bits", _KV_BITS),
 )
 _MODERATION = "moderation of the input and output, which could withhold the answer; none here"
 
@@ -223,6 +226,7 @@ RESPONSES = Endpoint("openai", "POST /api/openai/v1/responses", (
     honoured("temperature", "0-2"),
     honoured("top_p", "nucleus sampling"),
     honoured("top_logprobs", "0-20 alternatives a token, on the output_text part"),
+    honoured("kv_bits", _KV_BITS),
     honoured("stream", "the response.* event sequence"),
     honoured("store", "false: not kept for previous_response_id and GET"),
     honoured("previous_response_id", "a stored response's conversation (in memory, last 1000)"),
@@ -369,6 +373,7 @@ MESSAGES = _anthropic(
     honoured("temperature", "0-1; omitted: the checkpoint's default"),
     honoured("top_p", "nucleus sampling"),
     honoured("top_k", "top-k sampling"),
+    honoured("kv_bits", _KV_BITS),
     honoured("stream", "message_start ... message_stop events"),
 )
 COUNT_TOKENS = _anthropic("POST /api/anthropic/v1/messages/count_tokens")
@@ -454,6 +459,7 @@ GENERATE = Endpoint("gemini", "POST /api/gemini/v1beta/models/{model}:generateCo
     honoured("generationConfig.maxOutputTokens", "up to the model's context length"),
     honoured("generationConfig.stopSequences", "up to 5"),
     honoured("generationConfig.seed", "reproducible sampling"),
+    honoured("generationConfig.kvBits", _KV_BITS),
     honoured("generationConfig.presencePenalty", "presence penalty"),
     honoured("generationConfig.frequencyPenalty", "frequency penalty"),
     honoured("generationConfig.responseLogprobs", "logprobsResult and avgLogprobs"),

@@ -101,7 +101,7 @@ NUMBERS = {
     "presencePenalty": "presence_penalty",
     "frequencyPenalty": "frequency_penalty",
 }
-INTEGERS = {"topK": "top_k", "maxOutputTokens": "max_tokens", "seed": "seed"}
+INTEGERS = {"topK": "top_k", "maxOutputTokens": "max_tokens", "seed": "seed", "kvBits": "kv_bits"}
 # An integer written as a string (Google's JSON parser takes int64 so); ASCII digits only.
 INT_STRING = "-?[0-9]+"
 MAX_CANDIDATES = 8  # candidateCount, as Gemini's API allows

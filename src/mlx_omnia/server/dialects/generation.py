@@ -30,7 +30,7 @@ from mlx_omnia import (
 from mlx_omnia.server.dialects.errors import from_engine
 from mlx_omnia.server.errors import ApiError
 from mlx_omnia.server.scheduler import Job
-from mlx_omnia.server.state import state_of
+from mlx_omnia.server.state import ServerState, state_of
 
 T = TypeVar("T")
 
@@ -127,10 +127,18 @@ class Generation:
             return from_engine(error, self.input_field, self.names)
         return ApiError("internal", f"generation failed: {error}")
 
+    def _job(self, request: Request) -> tuple[ServerState, Job]:
+        """The scheduler's job for this generation, once the server allows what it asks."""
+        state = state_of(request)
+        if self.options.kv_bits is not None and not state.settings.request_kv_bits:
+            where = self.names.get("kv_bits", "kv_bits")
+            raise ApiError("invalid_request", f"{where}: this server takes no KV cache format per "
+                           "request (start omnia-server with --request-kv-bits)", where)
+        return state, state.job(self.model_id, self.input, self.options)
+
     async def run(self, request: Request) -> Answer:
         """Generate to the end, or until the client leaves."""
-        state = state_of(request)
-        job = state.job(self.model_id, self.input, self.options)
+        state, job = self._job(request)
         try:
             pieces = await unless_gone(request, state.scheduler.run(job))
         except Exception as e:
@@ -150,8 +158,7 @@ class Generation:
         """Start generating and wait for the first piece, so that model, input and option errors
         answer with a status instead of a broken stream (a client that leaves while it waits in
         the queue or its prompt is read ends it there)."""
-        state = state_of(request)
-        job = state.job(self.model_id, self.input, self.options)
+        state, job = self._job(request)
         pieces = state.scheduler.stream(job)
         try:
             first = await unless_gone(request, anext(pieces))

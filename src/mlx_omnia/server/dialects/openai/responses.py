@@ -127,6 +127,7 @@ class ResponsesRequest(Body):
         None, json_schema_extra=documented("temperature", LIMITS)
     )
     top_p: StrictFloat | None = Field(None, json_schema_extra=documented("top_p", LIMITS))
+    kv_bits: StrictInt | None = Field(None, json_schema_extra=documented("kv_bits"))
     stream: StrictBool | None = False
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -335,6 +336,7 @@ def _responses_options(body: ResponsesRequest) -> Options:
     options.set("max_tokens", body.max_output_tokens, "max_output_tokens")
     options.set("temperature", body.temperature)
     options.set("top_p", body.top_p)
+    options.set("kv_bits", body.kv_bits)
     text = body.text or {}
     for key in text:
         if key not in ("format", "verbosity"):

@@ -106,6 +106,7 @@ class Sampling(Body):
         },
     )
     n: StrictInt | None = Field(None, json_schema_extra={"minimum": 1, "maximum": MAX_CHOICES})
+    kv_bits: StrictInt | None = Field(None, json_schema_extra=documented("kv_bits"))
 
 
 def sampling_options(body: Sampling, limits: Mapping[str, Bounds]) -> Options:
@@ -133,6 +134,7 @@ def sampling_options(body: Sampling, limits: Mapping[str, Bounds]) -> Options:
     options.set("presence_penalty", body.presence_penalty)
     options.set("frequency_penalty", body.frequency_penalty)
     options.set("logit_bias", bias)
+    options.set("kv_bits", body.kv_bits)
     return options
 
 
