@@ -151,11 +151,16 @@ class BatchCache:
 _FORWARD = "_omnia_batch_forward"  # kept on the network: every batch reuses its traces
 
 
-def batch_forward(network: Network, format: KVFormat | None) -> BatchForward:
-    """The batch's decode step as a function of arrays for caches in `format`, compiled unless
-    OMNIA_COMPILE=0: one trace per batch size and capacity, kept (with the compiled function, on
-    the network, one a format) for every later batch of this network."""
+def batch_forward(
+    network: Network, format: KVFormat | Inherit | None = INHERIT
+) -> BatchForward:
+    """The batch's decode step as a function of arrays for caches in `format` (by default the
+    network's), compiled unless OMNIA_COMPILE=0: one trace per batch size and capacity, kept
+    (with the compiled function, on the network, one a format) for every later batch of this
+    network."""
     compiled = os.environ.get(COMPILE_ENV, "auto") != "0"
+    if isinstance(format, Inherit):
+        format = kv_format(network)
     kept: dict[tuple[bool, KVFormat | None], BatchForward] = getattr(network, _FORWARD, None) or {}
     if (compiled, format) in kept:
         return kept[compiled, format]
