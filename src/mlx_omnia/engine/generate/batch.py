@@ -25,7 +25,6 @@ from mlx_omnia.engine.core.cache import (
     KVCache,
     KVFormat,
     QuantizedBatchRows,
-    kv_format,
 )
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item
 from mlx_omnia.engine.generate.loop import (
@@ -36,6 +35,7 @@ from mlx_omnia.engine.generate.loop import (
     LayerRows,
     Network,
     prefill_chunk,
+    sequence_format,
 )
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams, sample_rows
 
@@ -159,8 +159,7 @@ def batch_forward(
     (with the compiled function, on the network, one a format) for every later batch of this
     network."""
     compiled = os.environ.get(COMPILE_ENV, "auto") != "0"
-    if isinstance(format, Inherit):
-        format = kv_format(network)
+    format = sequence_format(network, format)
     kept: dict[tuple[bool, KVFormat | None], BatchForward] = getattr(network, _FORWARD, None) or {}
     if (compiled, format) in kept:
         return kept[compiled, format]
@@ -241,7 +240,7 @@ class BatchDecoding:
         format: KVFormat | Inherit | None = INHERIT,
     ) -> None:
         self._network = network
-        self.format = kv_format(network) if isinstance(format, Inherit) else format
+        self.format = sequence_format(network, format)
         self._on_join = on_join  # told of each sequence whose prompt is in (a prefix cache)
         self.waiting: deque[BatchSequence] = deque()
         self.running: list[BatchSequence] = []

@@ -185,6 +185,11 @@ class Inherit:
 INHERIT = Inherit()
 
 
+def sequence_format(network: Network, format: KVFormat | Inherit | None) -> KVFormat | None:
+    """The KV format a sequence caches in: `format`, or the network's where it is INHERIT."""
+    return kv_format(network) if isinstance(format, Inherit) else format
+
+
 class Decoding:
     """One sequence being decoded: `feed` (teacher forcing) and `step` (generation) run ids
     through the network, extending the sequence's cache (in `format`: by default the network's;
@@ -200,7 +205,7 @@ class Decoding:
         format: KVFormat | Inherit | None = INHERIT,
     ) -> None:
         self._network = network
-        self.format = kv_format(network) if isinstance(format, Inherit) else format
+        self.format = sequence_format(network, format)
         self._cache: list[EagerCache] = sequence_caches(network.make_cache(), self.format)
         self._step: CompiledStep | None = None
         self._compile = compile_enabled(network)
