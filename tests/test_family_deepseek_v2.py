@@ -1,6 +1,6 @@
 """deepseek_v2 family checks beyond tests/test_parity.py: the MLX-quantized round trip, the
 stacked expert layouts, the module tree of both attention shapes (q_proj vs the q_lora
-bottleneck), the cache of expanded keys/values, dense-first layers, and refusals."""
+bottleneck), the latent cache, dense-first layers, and refusals."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from mlx_omnia import load
+from mlx_omnia.engine.core.cache import KVCache, KVFormat, sequence_caches
+from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, set_parameters
 from mlx_omnia.engine.errors import UnsupportedModelError
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.weights import read_json
@@ -67,15 +69,18 @@ def test_softmax_scale_has_yarn_mscale() -> None:
         assert softmax_scale(cfg) == pytest.approx(want, rel=1e-12)
 
 
-def test_cache_holds_expanded_heads() -> None:
-    """The cache holds per-head keys [k_nope | k_pe] (32) and values (v_head_dim 16)."""
+def test_cache_holds_the_latent() -> None:
+    """The cache holds one shared head: keys [latent | k_pe] (kv_lora_rank 64 + qk_rope 16) and
+    values the latent (64), 144 numbers a token where the heads' keys and values take 4 * (32 +
+    16) = 192 (DeepSeek-V2-Lite: 576 + 512 against 16 * (192 + 128) = 5,120)."""
     net = network("deepseek_v2-lite")
     cache = net.make_cache()
     net(mx.array([parity.PROMPT_IDS[:5]], dtype=mx.int32), cache)
     keys, values = cache[0].keys, cache[0].values
     assert keys is not None and values is not None
-    assert keys.shape[1] == values.shape[1] == 4
-    assert (keys.shape[3], values.shape[3]) == (32, 16)
+    assert keys.shape[1] == values.shape[1] == 1
+    assert (keys.shape[3], values.shape[3]) == (80, 64)
+    assert mx.array_equal(keys[..., :64], values).item()
 
 
 def test_group_limited_greedy_against_numpy() -> None:
@@ -110,3 +115,29 @@ def test_unsupported_variants_are_refused(change: dict[str, Any], match: str) ->
     family.build(base)
     with pytest.raises(UnsupportedModelError, match=match):
         family.build({**base, **change})
+
+
+def test_the_latent_cache_quantizes() -> None:
+    """A quantized KV cache holds the latent's codes: with kv_lora_rank 64 and a 32-dim rope key
+    (groups of 32 fit both), 8-bit caching moves the next-token distributions of a random model
+    by a KL divergence well under 1e-3, stepwise from a 24-token prefill."""
+    base = config("deepseek_v2-lite")
+    cfg = {**base, "qk_rope_head_dim": 32, "qk_nope_head_dim": 16}
+    net = cast(DeepseekV2ForCausalLM, family_for("deepseek_v2").build(cfg))
+    set_parameters(net, [
+        (name, 0.2 * mx.random.normal(a.shape, key=mx.random.key(i)))
+        for i, (name, a) in enumerate(flat_parameters(net).items())
+    ])
+    ids = mx.array([list(parity.PROMPT_IDS) + list(parity.PROMPT_IDS[:8])], dtype=mx.int32)
+
+    def logits(fmt: KVFormat | None) -> mx.array:
+        cache = cast(list[KVCache], sequence_caches(net.make_cache(), fmt))
+        out = [net(ids[:, :24], cache)] + [net(ids[:, i : i + 1], cache) for i in range(24, 32)]
+        return mx.concatenate(out, axis=1).astype(mx.float32)
+
+    plain = logits(None)
+    quantized = logits(KVFormat(8, 32))
+    p, q = mx.softmax(plain, -1), mx.softmax(quantized, -1)
+    kl = (p * (mx.log(p) - mx.log(q))).sum(-1)
+    assert float_item(kl.max()) < 1e-4
+    assert not mx.array_equal(plain, quantized).item()  # the codes were read, not the floats

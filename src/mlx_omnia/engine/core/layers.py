@@ -83,6 +83,16 @@ class Linear(Declaration):
         drop_parameters(self, "scales", "biases")
         self.bits = self.group_size = None
 
+    def dense_weight(self, dtype: mx.Dtype) -> mx.array:
+        """W [output_dims, input_dims] as a dense `dtype` matrix (dequantized when quantized),
+        for a family that multiplies by W other than as x @ W.T (MLA's absorbed kv_b_proj)."""
+        if not self.quantized:
+            return self.weight.astype(dtype)
+        return mx.dequantize(
+            self.weight, self.scales, self.biases, group_size=self.group_size, bits=self.bits,
+            dtype=dtype,
+        )
+
     def reference(self, *, dequantized_rows: int | None = None) -> Callable[..., mx.array]:
         """The core call. `dequantized_rows`: a call with at least that many rows (a prefill
         chunk) multiplies by the weight dequantized to the input's dtype instead (the same

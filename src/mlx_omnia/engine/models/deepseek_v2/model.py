@@ -6,8 +6,18 @@ kv_a_proj_with_mqa compresses the token to a latent of kv_lora_rank (normalized 
 kv_a_layernorm, then expanded by kv_b_proj to each head's [k_nope | v]) plus one rope key k_pe
 shared by every head. The rope acts on the q_pe / k_pe features only, on interleaved pairs
 (x[2i], x[2i+1]), i.e. the `traditional` layout; the softmax scale is qk_head_dim^-1/2 times
-mscale(factor, mscale_all_dim)^2 under yarn scaling. The cache holds the expanded per-head keys
-[k_nope | k_pe] and values (a latent cache would be smaller; this is the plain one).
+mscale(factor, mscale_all_dim)^2 under yarn scaling.
+
+The cache holds the latent, not the heads (kv_lora_rank + qk_rope_head_dim numbers a token, where
+the expanded keys and values would take n_heads * (qk_head_dim + v_head_dim)). kv_b_proj's rows
+are, per head, W_uk [qk_nope, kv_lora_rank] then W_uv [v_head_dim, kv_lora_rank], so
+
+    q_nope . k_nope = q_nope . (W_uk c) = (q_nope W_uk) . c        (c: the normed latent)
+    sum_t p_t v_t   = sum_t p_t W_uv c_t = W_uv (sum_t p_t c_t)
+
+and attention runs as one shared kv head (multi-query) of keys [c | k_pe] and values c, with
+queries [q_nope W_uk | q_pe] and the same softmax scale; W_uv takes each head's output back from
+the latent (DeepSeek-V2 paper, section 2.1.2: the up-projections absorbed).
 
 The MLP of the first first_k_dense_replace layers is dense; the others are a mixture of experts:
 a router `gate`, softmax over the routed experts, top-k (greedy, or group_limited_greedy: only
@@ -68,8 +78,8 @@ class DeepseekV2Attention(nn.Module):
         self.o_proj = Linear(self.n_heads * self.v_dim, hidden, bias=bias)
         self.rope = build_rope(self.rope_dim, cfg.rope, traditional=True)
         self.attention = AttentionStep(
-            n_heads=self.n_heads, n_kv_heads=self.n_heads, head_dim=self.qk_dim,
-            scale=softmax_scale(cfg), value_dim=self.v_dim,
+            n_heads=self.n_heads, n_kv_heads=1, head_dim=self.kv_rank + self.rope_dim,
+            scale=softmax_scale(cfg), value_dim=self.kv_rank,
         )
 
     def queries(self, x: mx.array) -> mx.array:
@@ -79,21 +89,20 @@ class DeepseekV2Attention(nn.Module):
 
     def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
         b, length, _ = x.shape
-        h = self.n_heads
+        h, nope, rank = self.n_heads, self.nope_dim, self.kv_rank
         q = reshape(self.queries(x), b, length, h, self.qk_dim).swapaxes(1, 2)
-        q_nope, q_pe = q[..., : self.nope_dim], q[..., self.nope_dim :]
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
         compressed = self.kv_a_proj_with_mqa(x)
-        latent, k_pe = compressed[..., : self.kv_rank], compressed[..., self.kv_rank :]
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent))
-        kv = reshape(kv, b, length, h, self.nope_dim + self.v_dim).swapaxes(1, 2)
-        k_nope, v = kv[..., : self.nope_dim], kv[..., self.nope_dim :]
-        k_pe = reshape(k_pe, b, 1, length, self.rope_dim)
+        latent = reshape(self.kv_a_layernorm(compressed[..., :rank]), b, 1, length, rank)
+        k_pe = reshape(compressed[..., rank:], b, 1, length, self.rope_dim)
         offset = cache.offset if cache is not None else 0
         q_pe = self.rope(q_pe, offset)
         k_pe = self.rope(k_pe, offset)
-        q = mx.concatenate([q_nope, q_pe], axis=-1)
-        k = mx.concatenate([k_nope, mx.broadcast_to(k_pe, (b, h, length, self.rope_dim))], axis=-1)
-        out = self.attention.attend(q, k, v, cache)
+        w = reshape(self.kv_b_proj.dense_weight(x.dtype), h, nope + self.v_dim, rank)
+        w_uk, w_uv = w[:, :nope], w[:, nope:]
+        queries = mx.concatenate([q_nope @ w_uk, q_pe], axis=-1)
+        keys = mx.concatenate([latent, k_pe], axis=-1)
+        out = self.attention.attend(queries, keys, latent, cache) @ w_uv.swapaxes(1, 2)
         return self.o_proj(reshape(out.swapaxes(1, 2), b, length, -1))
 
 
