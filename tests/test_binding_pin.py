@@ -30,6 +30,7 @@ from mlx_omnia.engine.core.cache import KVCache, StaticKVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear
 from mlx_omnia.engine.core.moe import ExpertLinear
 from mlx_omnia.engine.core.mxcompat import evaluate, named_modules
+from mlx_omnia.engine.core.state import RecurrentState, StaticRecurrentState
 from mlx_omnia.engine.loading import finish_network
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.weights import read_json
@@ -135,14 +136,22 @@ def launches(case: str, monkeypatch: pytest.MonkeyPatch, tmp: Path) -> list[Any]
     arm = case.split("/")[2] if case.count("/") == 2 else ""
     with as_if_cuda(monkeypatch, tmp, ARMS[arm]):
         network: Any = build(case)
-        cache: list[KVCache] = network.make_cache()
-        steps = sorted(((p, m) for p, m in named_modules(network) if isinstance(m, AttentionStep)),
-                       key=lambda pm: [int(t) if t.isdigit() else t for t in pm[0].split(".")])
-        for c, (_, step) in zip(cache, steps, strict=True):
-            dims = (1, step.n_kv_heads, 3)
-            c.update_and_fetch(mx.zeros((*dims, step.head_dim), dtype=mx.bfloat16),
-                               mx.zeros((*dims, step.value_dim), dtype=mx.bfloat16))
-        static = [StaticKVCache.from_cache(c) for c in cache]
+        cache: list[KVCache | RecurrentState] = network.make_cache()
+        if any(isinstance(c, RecurrentState) for c in cache):
+            # a recurrent layer's state has the shapes its layer makes: run three tokens
+            evaluate(network(mx.array([[4, 5, 6]], dtype=mx.int32), cache))
+        else:
+            steps = sorted(
+                ((p, m) for p, m in named_modules(network) if isinstance(m, AttentionStep)),
+                key=lambda pm: [int(t) if t.isdigit() else t for t in pm[0].split(".")],
+            )
+            for c, (_, step) in zip(cache, steps, strict=True):
+                dims = (1, step.n_kv_heads, 3)
+                assert isinstance(c, KVCache)
+                c.update_and_fetch(mx.zeros((*dims, step.head_dim), dtype=mx.bfloat16),
+                                   mx.zeros((*dims, step.value_dim), dtype=mx.bfloat16))
+        static = [StaticRecurrentState.from_state(c) if isinstance(c, RecurrentState)
+                  else StaticKVCache.from_cache(c) for c in cache]
         LAUNCHES.clear()
         evaluate(network(mx.array([[4]], dtype=mx.int32), static))
         return list(LAUNCHES)
@@ -227,6 +236,10 @@ PINNED_LAUNCHES: dict[str, str] = {
     "gemma3_text-linear/q4": "21 9a650f7ba6cdc15bd2c45aba",
     "gemma3_text-default/bf16": "21 b9d832fb0603987605859d5a",
     "gemma3_text-default/q4": "21 5bce9df8194d8b46b8ef0eee",
+    "lfm2-hybrid/bf16": "29 bafce455cc7b345f08313d8b",
+    "lfm2-hybrid/q4": "29 d86d7f202a1ee2298c97da07",
+    "lfm2-bias/bf16": "18 ef5d1690a1228a846b549c56",
+    "lfm2-bias/q4": "18 730779b613a4c9fd96239974",
     "cohere-default/bf16": "21 52efea63aca5229a4dfb3002",
     "cohere-default/q4": "21 a3f0ef00ef8e6468ccb1db7b",
     "cohere-qknorm/bf16": "9 66823211239ea5835fc3e05b",

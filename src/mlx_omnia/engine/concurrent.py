@@ -45,7 +45,8 @@ class Batch:
 
     def __init__(self, model: Model, prefix_cache: PrefixStore | None = None) -> None:
         self.model = model
-        self.prefix_cache = prefix_cache
+        # a model whose caches cannot be cut into blocks (a recurrent layer's state) keeps none
+        self.prefix_cache = prefix_cache if model.signature.prefix_cached else None
         # one group of sequences a KV format (a request may ask for its own: `kv_bits`); each
         # group steps on its own (its caches and compiled step are of its format)
         self._groups: dict[KVFormat | None, BatchDecoding] = {}

@@ -20,6 +20,8 @@ from typing import Literal
 
 import mlx.core as mx
 
+from mlx_omnia.engine.core.state import RecurrentState
+
 Mask = mx.array | Literal["causal"] | None
 OFFSET_SLOTS = 4  # the static offset's width: 16 bytes, past MLX's small-array pool on CUDA
 
@@ -515,10 +517,11 @@ def set_kv_format(network: object, format: KVFormat | None) -> None:
 
 
 def sequence_caches(
-    made: list[KVCache], format: KVFormat | None
-) -> list[KVCache | QuantizedKVCache]:
+    made: Sequence[KVCache | RecurrentState], format: KVFormat | None
+) -> list[KVCache | QuantizedKVCache | RecurrentState]:
     """A new sequence's caches: the family's (`made`), each plain KVCache quantized when the
-    sequence's `format` says so (the network's, `kv_format`, or a request's own)."""
+    sequence's `format` says so (the network's, `kv_format`, or a request's own); a recurrent
+    layer's state as made."""
     if format is None:
         return list(made)
     return [QuantizedKVCache(format) if type(c) is KVCache else c for c in made]

@@ -214,6 +214,12 @@ def batchable(network: Network) -> bool:
     )
 
 
+def prefix_cacheable(network: Network) -> bool:
+    """Whether a sequence's cache can be cut into blocks of rows and rebuilt from them (the
+    prefix cache): every layer caches keys and values (no recurrent state)."""
+    return all(isinstance(c, KVCache) for c in network.make_cache())
+
+
 @dataclass(eq=False)  # a sequence is itself: found in the batch by identity
 class BatchSequence:
     """One sequence: its prompt, how it samples, and where it stands."""

@@ -17,6 +17,7 @@ from mlx_omnia.engine.core.cache import (
     KVCache,
     KVFormat,
     QuantizedKVCache,
+    StaticKVCache,
     StaticQuantizedKVCache,
     filled_cache,
     kv_format,
@@ -25,6 +26,7 @@ from mlx_omnia.engine.core.cache import (
 )
 from mlx_omnia.engine.core.layers import AttentionStep
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item, named_modules
+from mlx_omnia.engine.core.state import RecurrentState, StaticRecurrentState
 
 
 @runtime_checkable
@@ -37,7 +39,7 @@ class Network(Protocol):
         self, ids: mx.array, cache: list[KVCache] | None = None, last_only: bool = False
     ) -> mx.array: ...
 
-    def make_cache(self) -> list[KVCache]: ...
+    def make_cache(self) -> Sequence[KVCache | RecurrentState]: ...
 
 
 PREFILL_CHUNK = 512
@@ -55,7 +57,21 @@ def prefill_chunk() -> int:
     return PREFILL_CHUNK_GPU if mx.default_device() == mx.gpu else PREFILL_CHUNK
 
 
-EagerCache = KVCache | QuantizedKVCache  # a sequence's cache of one layer, as prefill fills it
+EagerCache = KVCache | QuantizedKVCache | RecurrentState
+"""A sequence's cache of one layer, as prefill fills it (a recurrent layer's: its state)."""
+StaticCache = StaticKVCache | StaticQuantizedKVCache | StaticRecurrentState
+
+
+def _static(cache: EagerCache) -> StaticCache:
+    if isinstance(cache, RecurrentState):
+        return StaticRecurrentState.from_state(cache)
+    return static_cache(cache)
+
+
+def _filled(cache: EagerCache) -> bool:
+    if isinstance(cache, RecurrentState):
+        return cache.filled
+    return cache.keys is not None
 
 
 def prefill(network: Network, ids: list[int], caches: Sequence[EagerCache]) -> mx.array:
@@ -87,7 +103,7 @@ class CompiledStep:
     _IDLE = "_omnia_idle_compiled_step"
 
     def __init__(self, network: Network, caches: Sequence[EagerCache]) -> None:
-        self.caches = [static_cache(c) for c in caches]
+        self.caches = [_static(c) for c in caches]
         self.length = 0
         self._fits = self._capacity()
         self._network = network
@@ -112,6 +128,8 @@ class CompiledStep:
             for static, cache in zip(step.caches, caches, strict=True):
                 if isinstance(static, StaticQuantizedKVCache):
                     static.load(cast(QuantizedKVCache, cache))
+                elif isinstance(static, StaticRecurrentState):
+                    static.load(cast(RecurrentState, cache))
                 else:
                     static.load(cast(KVCache, cache))
             step._fits = step._capacity()
@@ -121,7 +139,9 @@ class CompiledStep:
     def takes(self, caches: Sequence[EagerCache]) -> bool:
         """Whether these caches fit this step's (as many, each in the same format)."""
         return len(caches) == len(self.caches) and all(
-            _format(c) == _format(s) for c, s in zip(caches, self.caches, strict=True)
+            _format(c) == _format(s)
+            and isinstance(c, RecurrentState) == isinstance(s, StaticRecurrentState)
+            for c, s in zip(caches, self.caches, strict=True)
         )
 
     def release(self) -> None:
@@ -245,7 +265,7 @@ class Decoding:
             self._step is None
             and self._compile
             and self.length > 0
-            and all(c.keys is not None for c in self._cache)
+            and all(_filled(c) for c in self._cache)
         ):
             self._step = CompiledStep.acquire(self._network, self._cache, self.length)
         self.length += 1

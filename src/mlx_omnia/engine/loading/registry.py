@@ -51,6 +51,7 @@ FAMILIES: dict[str, str] = {
     "deepseek_v2": "mlx_omnia.engine.models.deepseek_v2",
     "exaone4": "mlx_omnia.engine.models.exaone4",
     "gpt2": "mlx_omnia.engine.models.gpt2",
+    "lfm2": "mlx_omnia.engine.models.lfm2",
 }
 
 
