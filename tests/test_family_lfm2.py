@@ -5,6 +5,8 @@ no prefix), and the MLX-quantized round trip."""
 
 from __future__ import annotations
 
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,8 @@ from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.weights import read_json
 from mlx_omnia.engine.models.lfm2.config import Lfm2Config, feed_forward_size
 from tests.fixtures import parity
-from tests.test_batch import drive, tokens
+from tests.server_harness import live_server, openai_client
+from tests.test_batch import ask, drive, tokens
 
 VARIANTS = ["lfm2-hybrid", "lfm2-bias"]
 
@@ -154,3 +157,32 @@ def test_quantized_round_trip(variant: str, tmp_path: Path) -> None:
     assert _rel(ql, ref) < 0.8
     q8 = np.array(load(d, quantize=8, dtype="float32").logits(parity.PROMPT_IDS))
     assert _rel(q8, ref) < 0.06
+
+
+def test_the_server_serves_it_to_several_clients(tmp_path: Path) -> None:
+    """Three OpenAI-SDK clients at once get each the answer the library gives alone; a repeated
+    conversation reports no cached tokens (no prefix kept for a recurrent model)."""
+    src = parity.checkpoint_dir("lfm2-hybrid", "v5")
+    path = Path(shutil.copytree(src, tmp_path / "lfm2-hybrid"))
+    model = load(path, dtype="float32")
+    questions = ["Hello there", "What is two plus two?", "Name a colour"]
+    want = [
+        model.generate(ask(q), GenerationOptions(max_tokens=12)).text
+        for q in questions
+    ]
+    with live_server(models=[path]) as server:
+        client = openai_client(server)
+
+        def chat(q: str) -> tuple[str, int | None]:
+            r = client.chat.completions.create(
+                model="lfm2-hybrid", messages=[{"role": "user", "content": q}],
+                max_tokens=12, temperature=0,
+            )
+            details = r.usage.prompt_tokens_details if r.usage else None
+            return r.choices[0].message.content or "", details.cached_tokens if details else None
+
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(chat, questions))
+        assert [text for text, _ in got] == want
+        again, cached = chat(questions[0])
+        assert again == want[0] and not cached
