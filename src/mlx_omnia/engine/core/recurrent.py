@@ -10,7 +10,7 @@ from typing import Literal
 import mlx.core as mx
 
 from mlx_omnia.engine.core.binding import Declaration
-from mlx_omnia.engine.core.mxcompat import silu
+from mlx_omnia.engine.core.mxcompat import reshape, silu
 from mlx_omnia.engine.core.state import RecurrentState, StaticRecurrentState
 
 State = RecurrentState | StaticRecurrentState
@@ -67,3 +67,138 @@ class ShortConv(Declaration):
 
     def __call__(self, x: mx.array, state: State | None) -> mx.array:
         return self._bound(x, state)
+
+
+def _l2_normalized(x: mx.array, eps: float = 1e-6) -> mx.array:
+    return x * mx.rsqrt((x * x).sum(axis=-1, keepdims=True) + eps)
+
+
+def _unit_lower_inverse(strict: mx.array, size: int) -> mx.array:
+    """(I + M)^-1 for strictly lower-triangular M [..., n, n]. M is nilpotent (M^n = 0), so
+    with X = -M the inverse is sum_{k<n} X^k = prod_j (I + X^(2^j)) over 2^j < n: about
+    2 log2(n) matrix products instead of n steps of forward substitution."""
+    eye = mx.eye(size, dtype=strict.dtype)
+    power = -strict
+    inverse = eye + power
+    reach = 2
+    while reach < size:
+        power = power @ power
+        inverse = inverse @ (eye + power)
+        reach *= 2
+    return inverse
+
+
+class GatedDeltaRule(Declaration):
+    """The gated delta rule (Gated DeltaNet) over `value_heads` heads, each with a state
+    S [key_dim, value_dim] (float32); key heads serve value_heads / key_heads value heads each.
+    Token by token:
+
+        q, k <- q / |q|, k / |k|  (l2, eps 1e-6);  q <- q / sqrt(key_dim)
+        S    <- exp(g) S                           (g <= 0: the decay, in log space)
+        S    <- S + k (beta (v - S^T k))^T         (v replaces what S recalled for k, by beta)
+        o     = S^T q
+
+    One token is that step. A longer call runs the chunked form, equal up to rounding: within
+    a chunk of `chunk` tokens with cumulative decays G_i, the updates solve one unit lower
+    triangular system T = I + strict_lower(beta_i k_i.k_j exp(G_i - G_j)):
+    U = T^-1 (beta v), W = T^-1 (beta k exp(G)); then per chunk, in order,
+    v' = U - W S, o = exp(G) q S + lower(q_i.k_j exp(G_i - G_j)) v', and
+    S <- exp(G_last) S + (k exp(G_last - G))^T v'.
+    Inputs q, k [B, L, key_heads, key_dim], v [B, L, value_heads, value_dim], g and beta
+    [B, L, value_heads]; the output [B, L, value_heads, value_dim] in v's dtype. The state is
+    `name` in the layer's RecurrentState."""
+
+    def __init__(
+        self, *, key_heads: int, value_heads: int, key_dim: int, value_dim: int,
+        chunk: int = 64, name: str = "recurrent",
+    ) -> None:
+        super().__init__()
+        if value_heads % key_heads:
+            raise ValueError(f"{value_heads} value heads do not group over {key_heads} key heads")
+        self.key_heads, self.value_heads = key_heads, value_heads
+        self.key_dim, self.value_dim = key_dim, value_dim
+        self.chunk = chunk
+        self.name = name
+        self._bound: Callable[..., mx.array] = self.reference()
+
+    def reference(self) -> Callable[..., mx.array]:
+        repeats = self.value_heads // self.key_heads
+
+        def rule(
+            q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+            state: State | None,
+        ) -> mx.array:
+            b, length = v.shape[:2]
+            f32 = mx.float32
+            q = _l2_normalized(q.astype(f32)) * self.key_dim**-0.5
+            k = _l2_normalized(k.astype(f32))
+            if repeats > 1:
+                q, k = mx.repeat(q, repeats, axis=2), mx.repeat(k, repeats, axis=2)
+            # heads first: [B, H, L, d] and [B, H, L]
+            q, k, vf = q.swapaxes(1, 2), k.swapaxes(1, 2), v.astype(f32).swapaxes(1, 2)
+            g, beta = g.astype(f32).swapaxes(1, 2), beta.astype(f32).swapaxes(1, 2)
+            s = state.get(self.name) if state is not None else None
+            if s is None:
+                s = mx.zeros((b, self.value_heads, self.key_dim, self.value_dim), f32)
+            if length == 1:
+                out, s = _delta_step(q[:, :, 0], k[:, :, 0], vf[:, :, 0], g[:, :, 0], beta[:, :, 0], s)
+                out = out[:, :, None]
+            else:
+                out, s = self._chunked(q, k, vf, g, beta, s)
+            if state is not None:
+                state.put(self.name, s)
+            return out.swapaxes(1, 2).astype(v.dtype)
+
+        return rule
+
+    def _chunked(
+        self, q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, s: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        b, h, length, _ = q.shape
+        c = self.chunk
+        pad = -length % c
+        if pad:  # padded tokens: k = v = beta = 0 and no decay, so they change nothing
+            q, k, v = (mx.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]) for x in (q, k, v))
+            g, beta = (mx.pad(x, [(0, 0), (0, 0), (0, pad)]) for x in (g, beta))
+        n = (length + pad) // c
+        q, k, v = (reshape(x, b, h, n, c, x.shape[-1]) for x in (q, k, v))
+        g, beta = reshape(g, b, h, n, c), reshape(beta, b, h, n, c)
+        cum = mx.cumsum(g, axis=-1)  # G_i
+        lower = mx.tril(mx.ones((c, c), dtype=mx.bool_))
+        gap = cum[..., :, None] - cum[..., None, :]  # G_i - G_j
+        decay = mx.exp(mx.where(lower, gap, -mx.inf))  # exp(G_i - G_j) for j <= i, else 0
+        kb = k * beta[..., None]
+        strict = mx.where(mx.tril(lower, k=-1), (kb @ k.swapaxes(-1, -2)) * decay, 0.0)
+        inverse = _unit_lower_inverse(strict, c)
+        u = inverse @ (v * beta[..., None])
+        w = inverse @ (kb * mx.exp(cum)[..., None])
+        q_decayed = q * mx.exp(cum)[..., None]
+        intra = (q @ k.swapaxes(-1, -2)) * decay
+        last = cum[..., -1:]
+        k_decayed = k * mx.exp(last - cum)[..., None]
+        chunk_decay = mx.exp(last)[..., None]  # [B, H, N, 1, 1]
+        outs: list[mx.array] = []
+        for i in range(n):
+            fresh = u[:, :, i] - w[:, :, i] @ s
+            outs.append(q_decayed[:, :, i] @ s + intra[:, :, i] @ fresh)
+            s = s * chunk_decay[:, :, i] + k_decayed[:, :, i].swapaxes(-1, -2) @ fresh
+        out = mx.concatenate(outs, axis=2)[:, :, :length]
+        return out, s
+
+    def __call__(
+        self, q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+        state: State | None,
+    ) -> mx.array:
+        return self._bound(q, k, v, g, beta, state)
+
+
+def _delta_step(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, s: mx.array
+) -> tuple[mx.array, mx.array]:
+    """One token of the gated delta rule: q, k [B, H, dk], v [B, H, dv], g, beta [B, H],
+    s [B, H, dk, dv] -> (o [B, H, dv], the new s)."""
+    s = s * mx.exp(g)[..., None, None]
+    recalled = (k[..., None, :] @ s)[..., 0, :]  # S^T k
+    delta = (v - recalled) * beta[..., None]
+    s = s + k[..., :, None] * delta[..., None, :]
+    return (q[..., None, :] @ s)[..., 0, :], s

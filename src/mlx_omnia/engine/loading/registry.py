@@ -52,6 +52,7 @@ FAMILIES: dict[str, str] = {
     "exaone4": "mlx_omnia.engine.models.exaone4",
     "gpt2": "mlx_omnia.engine.models.gpt2",
     "lfm2": "mlx_omnia.engine.models.lfm2",
+    "qwen3_next": "mlx_omnia.engine.models.qwen3_next",
 }
 
 

@@ -1,0 +1,106 @@
+"""The recurrent declarations (core/recurrent.py) against float64 numpy written from their
+definitions: ShortConv's causal depthwise convolution and the gated delta rule, stepwise and
+chunked (chunks that do not divide the sequence, several calls continuing one state, grouped
+key heads), and the compiled decode step's static state."""
+
+from __future__ import annotations
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_omnia.engine.core.recurrent import GatedDeltaRule, ShortConv
+from mlx_omnia.engine.core.state import RecurrentState, StaticRecurrentState
+
+
+def _np(x: mx.array) -> np.ndarray:
+    return np.array(x.astype(mx.float32)).astype(np.float64)
+
+
+def conv_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """y[t, c] = sum_j w[c, 0, j] x[t - (K - 1) + j, c], zeros before the start."""
+    b, length, c = x.shape
+    k = w.shape[-1]
+    padded = np.concatenate([np.zeros((b, k - 1, c)), x], axis=1)
+    y = np.zeros_like(x)
+    for t in range(length):
+        y[:, t] = (padded[:, t : t + k] * w[:, 0, :].T).sum(axis=1)
+    return y if bias is None else y + bias
+
+
+@pytest.mark.parametrize(("kernel", "bias"), [(3, False), (4, True)])
+def test_short_conv_in_pieces_equals_the_whole(kernel: int, bias: bool) -> None:
+    conv = ShortConv(6, kernel, bias=bias)
+    conv.weight = mx.random.normal((6, 1, kernel), key=mx.random.key(1))
+    if bias:
+        conv.bias = mx.random.normal((6,), key=mx.random.key(2))
+    x = mx.random.normal((2, 11, 6), key=mx.random.key(3))
+    want = conv_reference(_np(x), _np(conv.weight), _np(conv.bias) if bias else None)
+    state = RecurrentState()
+    pieces = [conv(x[:, :5], state), conv(x[:, 5:6], state), conv(x[:, 6:], state)]
+    np.testing.assert_allclose(_np(mx.concatenate(pieces, axis=1)), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(_np(state.arrays["conv"]), _np(x[:, -(kernel - 1) :]))
+    silu = ShortConv(6, kernel, bias=bias, activation="silu")
+    silu.update(conv.parameters())
+    np.testing.assert_allclose(_np(silu(x, None)), want / (1 + np.exp(-want)), rtol=1e-5, atol=1e-6)
+
+
+def delta_reference(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+    s: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token by token, float64, as the rule is written (key heads repeated over value heads)."""
+    repeats = v.shape[2] // k.shape[2]
+    q, k = np.repeat(q, repeats, axis=2), np.repeat(k, repeats, axis=2)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(q.shape[-1])
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    out = np.zeros(v.shape)
+    for t in range(v.shape[1]):
+        s = s * np.exp(g[:, t])[..., None, None]
+        recalled = np.einsum("bhk,bhkv->bhv", k[:, t], s)
+        delta = (v[:, t] - recalled) * beta[:, t][..., None]
+        s = s + np.einsum("bhk,bhv->bhkv", k[:, t], delta)
+        out[:, t] = np.einsum("bhk,bhkv->bhv", q[:, t], s)
+    return out, s
+
+
+@pytest.mark.parametrize(("key_heads", "chunk", "splits"), [(2, 64, (70,)), (4, 16, (1, 37, 38)), (2, 8, ())])
+def test_gated_delta_rule_equals_the_stepwise_definition(
+    key_heads: int, chunk: int, splits: tuple[int, ...]
+) -> None:
+    b, length, heads, dk, dv = 2, 90, 4, 16, 8
+    keys = mx.random.split(mx.random.key(7), 5)
+    q = mx.random.normal((b, length, key_heads, dk), key=keys[0])
+    k = mx.random.normal((b, length, key_heads, dk), key=keys[1])
+    v = mx.random.normal((b, length, heads, dv), key=keys[2])
+    g = -mx.random.uniform(0.0, 0.5, (b, length, heads), key=keys[3])
+    beta = mx.sigmoid(mx.random.normal((b, length, heads), key=keys[4]))
+    rule = GatedDeltaRule(key_heads=key_heads, value_heads=heads, key_dim=dk, value_dim=dv,
+                          chunk=chunk)
+    state = RecurrentState()
+    bounds = [0, *splits, length]
+    out = mx.concatenate(
+        [rule(q[:, i:j], k[:, i:j], v[:, i:j], g[:, i:j], beta[:, i:j], state)
+         for i, j in itertools.pairwise(bounds)],
+        axis=1,
+    )
+    want, s = delta_reference(_np(q), _np(k), _np(v), _np(g), _np(beta), np.zeros((b, heads, dk, dv)))
+    np.testing.assert_allclose(_np(out), want, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(_np(state.arrays["recurrent"]), s, rtol=1e-4, atol=2e-5)
+
+
+def test_a_static_state_is_read_and_replaced_in_a_compiled_step() -> None:
+    conv = ShortConv(4, 3)
+    conv.weight = mx.random.normal((4, 1, 3), key=mx.random.key(4))
+    x = mx.random.normal((1, 9, 4), key=mx.random.key(5))
+    eager = RecurrentState()
+    want = [conv(x[:, :6], eager)] + [conv(x[:, t : t + 1], eager) for t in range(6, 9)]
+    prefilled = RecurrentState()
+    got = [conv(x[:, :6], prefilled)]
+    static = StaticRecurrentState.from_state(prefilled)
+    step = mx.compile(lambda t: conv(t, static), inputs=[static.state], outputs=[static.state])
+    got += [step(x[:, t : t + 1]) for t in range(6, 9)]
+    np.testing.assert_allclose(_np(mx.concatenate(got, 1)), _np(mx.concatenate(want, 1)), rtol=1e-6)
+    np.testing.assert_array_equal(_np(static.state["conv"]), _np(eager.arrays["conv"]))
