@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_omnia import Batch, GenerationOptions, PrefixCache, load
+from mlx_omnia import GenerationOptions, PrefixCache, load
 from mlx_omnia.engine.core.binder import bind_layers
 from mlx_omnia.engine.core.mxcompat import flat_parameters, set_parameters
 from mlx_omnia.engine.core.recurrent import ShortConv
@@ -24,9 +24,10 @@ from mlx_omnia.engine.generate import loop
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.weights import read_json
 from mlx_omnia.engine.models.lfm2.config import Lfm2Config, feed_forward_size
+from tests import hybrid_checks
 from tests.fixtures import parity
 from tests.server_harness import live_server, openai_client
-from tests.test_batch import ask, drive, tokens
+from tests.test_batch import ask
 
 VARIANTS = ["lfm2-hybrid", "lfm2-bias"]
 
@@ -124,19 +125,18 @@ def test_greedy_generation_compiled_equals_eager(monkeypatch: pytest.MonkeyPatch
     assert answers[0] == answers[1] and len(answers[0]) > 8
 
 
-def test_a_batch_runs_them_one_at_a_time_and_keeps_no_prefix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_batched_greedy_equals_each_alone_and_keeps_no_prefix(
+    compiled: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No prefix is kept for a model with recurrent layers (two rounds: the second finds
+    nothing); batched == alone itself: tests/hybrid_checks.py."""
+    monkeypatch.setenv("OMNIA_COMPILE", compiled)
     model = load(parity.checkpoint_dir("lfm2-hybrid", "v5"), dtype="float32")
-    assert not model.signature.batched and not model.signature.prefix_cached
-    prompts = ["one two three", "four five six seven", "eight"]
-    options = GenerationOptions(max_tokens=10)
-    alone = [model.generate(p, options).token_ids for p in prompts]
+    assert model.signature.batched and not model.signature.prefix_cached
     store = PrefixCache(block_tokens=4, memory_bytes=1 << 24, disk_dir=tmp_path, disk_bytes=0)
-    batch = Batch(model, store)
-    for _ in range(2):  # the second round would find the first's blocks, if it kept any
-        order = [batch.add(p, options) for p in prompts]
-        out, widest = drive(batch, {})
-        assert widest == 1
-        assert [tokens(out[g]) for g in order] == alone
+    for _ in range(2):
+        order = hybrid_checks.batched_equals_alone(model, store)
         assert all(g.cached_tokens == 0 for g in order)
     assert store.stats().memory_blocks == 0
 

@@ -1,7 +1,7 @@
 """qwen3_next family checks beyond tests/test_parity.py: layer kinds from either spelling and
 the refusals, prefill over several delta-rule chunks against transformers' logits, long
-prefill == stepwise decode, the compiled step and a Batch on the recurrent state, the stacked
-expert layouts, and the MLX-quantized round trip."""
+prefill == stepwise decode through the compiled step, the stacked expert layouts, the mtp head
+dropped, batched == alone, and the MLX-quantized round trip."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_omnia import Batch, GenerationOptions, load
+from mlx_omnia import load
 from mlx_omnia.engine.core.recurrent import GatedDeltaRule
 from mlx_omnia.engine.errors import UnsupportedModelError
 from mlx_omnia.engine.generate import loop
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.weights import read_json
 from mlx_omnia.engine.models.qwen3_next.config import layer_types
+from tests import hybrid_checks
 from tests import moe_family_checks as checks
 from tests.fixtures import parity
-from tests.test_batch import drive, tokens
 
 VARIANTS = ["qwen3_next-moe", "qwen3_next-dense"]
 L, F = "linear_attention", "full_attention"
@@ -88,17 +88,15 @@ def test_a_long_prefill_equals_stepwise_decode(variant: str, monkeypatch: pytest
     assert _rel(got, want) < 1e-4
 
 
-def test_a_batch_runs_them_one_at_a_time() -> None:
-    model = load(parity.checkpoint_dir("qwen3_next-moe", "v5"), dtype="float32")
-    assert not model.signature.batched and not model.signature.prefix_cached
-    prompts = ["one two three", "four five six seven", "eight"]
-    options = GenerationOptions(max_tokens=10)
-    alone = [model.generate(p, options).token_ids for p in prompts]
-    batch = Batch(model)
-    order = [batch.add(p, options) for p in prompts]
-    out, widest = drive(batch, {})
-    assert widest == 1
-    assert [tokens(out[g]) for g in order] == alone
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_batched_greedy_equals_each_alone(
+    variant: str, compiled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMNIA_COMPILE", compiled)
+    model = load(parity.checkpoint_dir(variant, "v5"), dtype="float32")
+    assert model.signature.batched and not model.signature.prefix_cached
+    hybrid_checks.batched_equals_alone(model)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -147,7 +147,7 @@ def test_prefill_matches_stepwise(variant: str, schema: str) -> None:
     assert last.shape == (1, full.shape[-1])
     assert rel(last, full[-1:].astype(np.float64)) <= tol
     assert all(c.offset == len(prompt) for c in cache if isinstance(c, KVCache))
-    assert all(c.filled for c in cache if isinstance(c, RecurrentState))  # hybrid families
+    assert all(c.is_filled for c in cache if isinstance(c, RecurrentState))  # hybrid families
 
 
 @pytest.mark.parametrize(("variant", "schema"), CASES)

@@ -38,7 +38,7 @@ def test_short_conv_in_pieces_equals_the_whole(kernel: int, bias: bool) -> None:
         conv.bias = mx.random.normal((6,), key=mx.random.key(2))
     x = mx.random.normal((2, 11, 6), key=mx.random.key(3))
     want = conv_reference(_np(x), _np(conv.weight), _np(conv.bias) if bias else None)
-    state = RecurrentState()
+    state = RecurrentState(("conv",))
     pieces = [conv(x[:, :5], state), conv(x[:, 5:6], state), conv(x[:, 6:], state)]
     np.testing.assert_allclose(_np(mx.concatenate(pieces, axis=1)), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(_np(state.arrays["conv"]), _np(x[:, -(kernel - 1) :]))
@@ -79,7 +79,7 @@ def test_gated_delta_rule_equals_the_stepwise_definition(
     beta = mx.sigmoid(mx.random.normal((b, length, heads), key=keys[4]))
     rule = GatedDeltaRule(key_heads=key_heads, value_heads=heads, key_dim=dk, value_dim=dv,
                           chunk=chunk)
-    state = RecurrentState()
+    state = RecurrentState(("recurrent",))
     bounds = [0, *splits, length]
     out = mx.concatenate(
         [rule(q[:, i:j], k[:, i:j], v[:, i:j], g[:, i:j], beta[:, i:j], state)
@@ -95,9 +95,9 @@ def test_a_static_state_is_read_and_replaced_in_a_compiled_step() -> None:
     conv = ShortConv(4, 3)
     conv.weight = mx.random.normal((4, 1, 3), key=mx.random.key(4))
     x = mx.random.normal((1, 9, 4), key=mx.random.key(5))
-    eager = RecurrentState()
+    eager = RecurrentState(("conv",))
     want = [conv(x[:, :6], eager)] + [conv(x[:, t : t + 1], eager) for t in range(6, 9)]
-    prefilled = RecurrentState()
+    prefilled = RecurrentState(("conv",))
     got = [conv(x[:, :6], prefilled)]
     static = StaticRecurrentState.from_state(prefilled)
     step = mx.compile(lambda t: conv(t, static), inputs=[static.state], outputs=[static.state])

@@ -11,6 +11,7 @@ sampler (options, penalties, bias, grammar) and is sampled from its own row of l
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from mlx_omnia.engine.core.cache import (
     QuantizedBatchRows,
 )
 from mlx_omnia.engine.core.mxcompat import evaluate, evaluate_async, int_item
+from mlx_omnia.engine.core.state import RecurrentState, StaticRecurrentState
 from mlx_omnia.engine.generate.loop import (
     COMPILE_ENV,
     INHERIT,
@@ -40,31 +42,42 @@ from mlx_omnia.engine.generate.loop import (
 from mlx_omnia.engine.generate.sampling import Sampler, SamplingParams, sample_rows
 
 Rows = list[LayerRows]  # each layer's keys and values (or quantized PARTS) of one sequence
+Layout = tuple[tuple[str, ...] | None, ...]  # per layer: None (keys/values) or its state's names
 # (ids, offsets, *layer 0's arrays, *layer 1's, ...) -> [logits, *layer 0's arrays, ...]
 BatchForward = Callable[..., list[mx.array]]
 
 
 class BatchCache:
     """Every layer's keys and values for the batch: [P, H, capacity, D] a layer (or the six
-    quantized PARTS, [P, H, capacity, *]), P slots (a power of two), a sequence a slot, filled up to its length (the same in every layer). A free
-    slot has no length: its row is computed with the others and ignored, so sequences join and
-    leave without changing the step's shapes (a compiled step keeps one trace per slot count
-    and capacity) and without copying the other rows. The host reserves capacity before a
-    step, so the step itself (`BatchRows`) is pure array work."""
+    quantized PARTS, [P, H, capacity, *]), P slots (a power of two), a sequence a slot, filled
+    up to its length (the same in every layer); a recurrent layer's state arrays [P, ...] (no
+    rows: a slot's state is its sequence's, whole). A free slot has no length: its row is
+    computed with the others and ignored, so sequences join and leave without changing the
+    step's shapes (a compiled step keeps one trace per slot count and capacity) and without
+    copying the other rows. The host reserves capacity before a step, so the step itself
+    (`BatchRows`) is pure array work."""
 
     step = 256
 
-    def __init__(self, first: Rows) -> None:
-        """Two slots, the first holding `first` (each layer's arrays [1, H, T, *])."""
-        length = first[0][0].shape[2]
+    def __init__(self, first: Rows, layout: Layout, length: int) -> None:
+        """Two slots, the first holding `first` (each layer's arrays [1, ...]), a sequence of
+        `length` tokens; `layout` says which layers are recurrent (`layout_of`)."""
+        self.layout = layout
         capacity = _rounded(length, self.step)
-        self.layers: Rows = [tuple(_slots(_padded(a, capacity), 2) for a in layer) for layer in first]
+        self.layers: Rows = [
+            tuple(_slots(a if names is not None else _padded(a, capacity), 2) for a in layer)
+            for layer, names in zip(first, layout, strict=True)
+        ]
         self.lengths: list[int | None] = [length, None]
         self._sync()
 
     @property
     def capacity(self) -> int:
-        return self.layers[0][0].shape[2]
+        """Rows every attention layer holds (any number when there is none)."""
+        for layer, names in zip(self.layers, self.layout, strict=True):
+            if names is None:
+                return layer[0].shape[2]
+        return sys.maxsize
 
     @property
     def slots(self) -> int:
@@ -74,19 +87,22 @@ class BatchCache:
     def used(self) -> int:
         return sum(n is not None for n in self.lengths)
 
-    def put(self, rows: Rows) -> int:
-        """Place a sequence in a free slot (the slots double when none is); returns the slot."""
+    def put(self, rows: Rows, length: int) -> int:
+        """Place a sequence of `length` tokens in a free slot (the slots double when none is);
+        returns the slot."""
         if None not in self.lengths:
             grow = self.slots
             self.layers = [tuple(_slots(a, 2 * grow) for a in layer) for layer in self.layers]
             self.lengths += [None] * grow
         slot = self.lengths.index(None)
-        length = rows[0][0].shape[2]
         if length > self.capacity:
             self._reserve(length)
-        for layer, new in zip(self.layers, rows, strict=True):
+        for layer, new, names in zip(self.layers, rows, self.layout, strict=True):
             for a, rows_of in zip(layer, new, strict=True):
-                a[slot : slot + 1, :, :length] = rows_of
+                if names is None:
+                    a[slot : slot + 1, :, :length] = rows_of
+                else:
+                    a[slot : slot + 1] = rows_of
         self.lengths[slot] = length
         self._sync()
         return slot
@@ -108,9 +124,13 @@ class BatchCache:
         return moved
 
     def row(self, slot: int) -> Rows:
-        """A slot's filled keys and values, every layer, [1, H, T, *] (views)."""
+        """A slot's filled keys and values, every layer, [1, H, T, *] (views); a recurrent
+        layer's state arrays [1, ...]."""
         n = self.lengths[slot] or 0
-        return [tuple(a[slot : slot + 1, :, :n] for a in layer) for layer in self.layers]
+        return [
+            tuple(a[slot : slot + 1, :, :n] if names is None else a[slot : slot + 1] for a in layer)
+            for layer, names in zip(self.layers, self.layout, strict=True)
+        ]
 
     def forward(self, forward: BatchForward, ids: mx.array) -> mx.array:
         """Logits [P, V] for one new token a slot (ids [P, 1]; a free slot's is ignored), each
@@ -119,8 +139,8 @@ class BatchCache:
         if longest + 1 > self.capacity:
             self._reserve(longest + 1)
         logits, *buffers = forward(ids, self.offsets, *(a for layer in self.layers for a in layer))
-        width = len(self.layers[0])
-        self.layers = [tuple(buffers[i : i + width]) for i in range(0, len(buffers), width)]
+        arrays = iter(buffers)
+        self.layers = [tuple(next(arrays) for _ in layer) for layer in self.layers]
         self._offsets = self._offsets + self._advance
         self.lengths = [None if n is None else n + 1 for n in self.lengths]
         return logits
@@ -137,7 +157,10 @@ class BatchCache:
         # a quarter more than needed: a long answer grows the buffers (and retraces a compiled
         # step) a few dozen times over 16k tokens, not once every 256
         capacity = _rounded(max(rows, self.capacity + self.capacity // 4), self.step)
-        self.layers = [tuple(_padded(a, capacity) for a in layer) for layer in self.layers]
+        self.layers = [
+            layer if names is not None else tuple(_padded(a, capacity) for a in layer)
+            for layer, names in zip(self.layers, self.layout, strict=True)
+        ]
 
     def _sync(self) -> None:
         """The device's offsets (a free slot's stays 0) from the host's lengths: at least
@@ -164,16 +187,28 @@ def batch_forward(
     if (compiled, format) in kept:
         return kept[compiled, format]
 
+    layout = layout_of(network)
+
     def forward(ids: mx.array, offsets: mx.array, *buffers: mx.array) -> list[mx.array]:
-        if format is None:
-            rows = [BatchRows(k, v, offsets) for k, v in zip(buffers[0::2], buffers[1::2], strict=True)]
-            logits = network(ids, cast(list[KVCache], rows))[:, -1, :]
-            return [logits, *(a for r in rows for a in (r.keys, r.values))]
-        width = len(PARTS)
-        quantized = [QuantizedBatchRows(format, buffers[i : i + width], offsets)
-                     for i in range(0, len(buffers), width)]
-        logits = network(ids, cast(list[KVCache], quantized))[:, -1, :]
-        return [logits, *(a for r in quantized for a in r.parts)]
+        arrays = iter(buffers)
+        caches: list[BatchRows | QuantizedBatchRows | StaticRecurrentState] = []
+        for names in layout:
+            if names is not None:  # a recurrent layer: its state arrays, a row a slot
+                caches.append(StaticRecurrentState(names, [next(arrays) for _ in names]))
+            elif format is None:
+                caches.append(BatchRows(next(arrays), next(arrays), offsets))
+            else:
+                caches.append(QuantizedBatchRows(format, [next(arrays) for _ in PARTS], offsets))
+        logits = network(ids, cast(list[KVCache], caches))[:, -1, :]
+        out = [logits]
+        for cache in caches:
+            if isinstance(cache, StaticRecurrentState):
+                out.extend(cache.rows())
+            elif isinstance(cache, BatchRows):
+                out.extend((cache.keys, cache.values))
+            else:
+                out.extend(cache.parts)
+        return out
 
     made = cast(BatchForward, mx.compile(forward)) if compiled else forward
     setattr(network, _FORWARD, {**kept, (compiled, format): made})
@@ -207,11 +242,17 @@ def _padded(x: mx.array, capacity: int) -> mx.array:
 
 
 def batchable(network: Network) -> bool:
-    """Whether sequences of this network can share a step: its caches are the plain KVCache
-    (the batch's rows take theirs over) and the family does not opt out (`batchable = False`)."""
+    """Whether sequences of this network can share a step: its caches are the plain KVCache or
+    a recurrent layer's state (the batch's rows take theirs over) and the family does not opt
+    out (`batchable = False`)."""
     return getattr(network, "batchable", True) and all(
-        type(c) is KVCache for c in network.make_cache()
+        type(c) is KVCache or type(c) is RecurrentState for c in network.make_cache()
     )
+
+
+def layout_of(network: Network) -> Layout:
+    """Each layer's cache kind: None for keys and values, a recurrent layer's state names."""
+    return tuple(c.names if isinstance(c, RecurrentState) else None for c in network.make_cache())
 
 
 def prefix_cacheable(network: Network) -> bool:
@@ -431,11 +472,13 @@ class BatchDecoding:
         if self._caches is None:  # the one decoding alone hands its rows to the batch
             first = self.running[0]
             assert first.decoding is not None
-            self._caches = BatchCache(first.decoding.rows())
+            self._caches = BatchCache(
+                first.decoding.rows(), layout_of(self._network), first.decoding.length
+            )
             first.slot = 0
             first.decoding.close()
             first.decoding = None
-        seq.slot = self._caches.put(decoding.rows())
+        seq.slot = self._caches.put(decoding.rows(), decoding.length)
         evaluate(self._caches.state())
         decoding.close()
         seq.decoding = None
@@ -443,8 +486,11 @@ class BatchDecoding:
     def _go_alone(self) -> None:
         """One sequence is left: it takes its row back to a Decoding of its own."""
         alone = self.running[0]
-        rows = cast(BatchCache, self._caches).row(alone.slot)
+        caches = cast(BatchCache, self._caches)
+        rows = caches.row(alone.slot)
         evaluate([a for r in rows for a in r])
-        alone.decoding = Decoding(self._network, rows, self.format)
+        alone.decoding = Decoding(
+            self._network, rows, self.format, length=cast(int, caches.lengths[alone.slot])
+        )
         alone.slot = 0  # its logits are the one row of its own step's
         self._caches = None

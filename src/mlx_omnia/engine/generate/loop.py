@@ -68,9 +68,18 @@ def _static(cache: EagerCache) -> StaticCache:
     return static_cache(cache)
 
 
+def _rows_length(caches: Sequence[EagerCache], rows: Sequence[LayerRows]) -> int:
+    """How many tokens rows of a sequence hold: an attention layer's row count (a recurrent
+    layer's state does not say)."""
+    for cache, r in zip(caches, rows, strict=True):
+        if not isinstance(cache, RecurrentState):
+            return r[0].shape[2]
+    raise ValueError("rows of recurrent states alone: give the sequence's length")
+
+
 def _filled(cache: EagerCache) -> bool:
     if isinstance(cache, RecurrentState):
-        return cache.filled
+        return cache.is_filled
     return cache.keys is not None
 
 
@@ -222,7 +231,7 @@ class Decoding:
 
     def __init__(
         self, network: Network, rows: Sequence[LayerRows] = (),
-        format: KVFormat | Inherit | None = INHERIT,
+        format: KVFormat | Inherit | None = INHERIT, length: int = 0,
     ) -> None:
         self._network = network
         self.format = sequence_format(network, format)
@@ -231,12 +240,17 @@ class Decoding:
         self._compile = compile_enabled(network)
         self.length = 0
         if rows:  # a sequence taken over with its keys and values (a prefix, a batch's row)
-            self._cache = [filled_cache(self.format, r) for r in rows]
-            self.length = rows[0][0].shape[2]
+            self._cache = [
+                RecurrentState.filled(made.names, r) if isinstance(made, RecurrentState)
+                else filled_cache(self.format, r)
+                for made, r in zip(self._cache, rows, strict=True)
+            ]
+            self.length = length or _rows_length(self._cache, rows)
 
     def rows(self) -> list[LayerRows]:
         """Each layer's keys and values [1, H, length, D] so far, or their PARTS when the cache
-        is quantized (views; what `Decoding(network, rows)` takes over)."""
+        is quantized, or a recurrent layer's state arrays (views; what `Decoding(network, rows,
+        length=)` takes over)."""
         if self._step is not None:
             return [c.rows(self._step.length) for c in self._step.caches]
         return [c.rows() for c in self._cache]

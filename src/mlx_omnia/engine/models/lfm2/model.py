@@ -95,7 +95,7 @@ class Lfm2DecoderLayer(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
     def make_cache(self) -> LayerCache:
-        return KVCache() if self.attends else RecurrentState()
+        return KVCache() if self.attends else RecurrentState((self.conv.conv.name,))
 
 
 class Lfm2Model(nn.Module):

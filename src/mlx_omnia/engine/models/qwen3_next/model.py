@@ -189,7 +189,9 @@ class Qwen3NextDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def make_cache(self) -> KVCache | RecurrentState:
-        return RecurrentState() if self.linear else KVCache()
+        if not self.linear:
+            return KVCache()
+        return RecurrentState((self.linear_attn.conv1d.name, self.linear_attn.delta_rule.name))
 
 
 class Qwen3NextModel(nn.Module):
