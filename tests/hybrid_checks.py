@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from mlx_omnia import Batch, Generation, GenerationOptions, Model, PrefixCache
 from tests.fixtures import parity
@@ -36,3 +37,39 @@ def batched_equals_alone(model: Model, store: PrefixCache | None = None) -> list
     assert widest >= 3
     assert [tokens(out[g]) for g in order] == alone
     return order
+
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega"]
+
+
+def run_alone(batch: Batch, prompt: str, n: int) -> tuple[Generation, tuple[int, ...]]:
+    generation = batch.add(prompt, options(n))
+    out, _ = drive(batch, {})
+    return generation, tokens(out[generation])
+
+
+def prefix_resumes_recurrent_layers(model: Model, disk: Path) -> None:
+    """A conversation resent with a new turn is prefilled from the last anchored block its
+    cached run reaches (the recurrent layers resume from the state kept there, the attention
+    layers from the blocks' rows): from memory, then (the same prompt again) from disk after a
+    restart, answering what it answers uncached. Anchors come from a prompt's prefill (its last
+    block end before its last token) and from decode steps (block ends the answer passes)."""
+    first = " ".join(WORDS[i % len(WORDS)] for i in range(37))
+    store = PrefixCache(block_tokens=8, memory_bytes=1 << 26, disk_dir=disk, disk_bytes=1 << 28)
+    batch = Batch(model, store)
+    turn1, answer = run_alone(batch, first, 20)
+    assert turn1.cached_tokens == 0
+    resent = model.tokenizer.encode(first) + list(answer)
+    second = model.tokenizer.decode(resent) + " and then " + " ".join(WORDS[:9])
+    want = model.generate(second, options(12)).token_ids
+    turn2, got = run_alone(batch, second, 12)
+    assert got == want
+    assert turn2.cached_tokens >= (len(model.tokenizer.encode(first)) - 1) // 8 * 8
+    assert turn2.cached_tokens % 8 == 0
+    store.close()
+    again = PrefixCache(block_tokens=8, memory_bytes=1 << 26, disk_dir=disk, disk_bytes=1 << 28)
+    turn3, got = run_alone(Batch(model, again), second, 12)
+    # the second prompt's own anchor: its last block end before its last token
+    assert got == want and turn3.cached_tokens == (len(model.tokenizer.encode(second)) - 1) // 8 * 8
+    assert again.stats().memory_blocks > 0  # read from disk
+    again.close()

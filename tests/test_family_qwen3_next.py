@@ -95,8 +95,14 @@ def test_batched_greedy_equals_each_alone(
 ) -> None:
     monkeypatch.setenv("OMNIA_COMPILE", compiled)
     model = load(parity.checkpoint_dir(variant, "v5"), dtype="float32")
-    assert model.signature.batched and not model.signature.prefix_cached
+    assert model.signature.batched
     hybrid_checks.batched_equals_alone(model)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_resent_conversation_resumes_from_the_prefix_cache(variant: str, tmp_path: Path) -> None:
+    model = load(parity.checkpoint_dir(variant, "v5"), dtype="float32")
+    hybrid_checks.prefix_resumes_recurrent_layers(model, tmp_path)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -2,7 +2,9 @@
 each keeps its own options (sampling, penalties, bias, stops, limits, logprobs, grammar), and a
 greedy answer is the one `Model.stream` gives alone. With a prefix cache, a prompt whose first
 blocks of tokens were seen before (an agent resending its conversation) is prefilled from its
-first new block only."""
+first new block only. A model with recurrent layers resumes them from an anchor, their state
+after a whole block (kept as a sequence passes block ends): its prompt is prefilled from the
+last anchored block its cached run reaches."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Protocol
 import mlx.core as mx
 
 from mlx_omnia.engine.core.cache import PARTS, KVFormat
-from mlx_omnia.engine.generate.batch import BatchDecoding, BatchSequence
+from mlx_omnia.engine.generate.batch import BatchDecoding, BatchSequence, Layout, Rows, layout_of
 from mlx_omnia.engine.model import Generation, Model
 from mlx_omnia.engine.types import Chat, GenerationOptions, Piece
 
@@ -33,6 +35,10 @@ class PrefixStore(Protocol):
         self, model_key: str, tokens: Sequence[int], state_of: Callable[[int], BlockState]
     ) -> int: ...
 
+    def store_anchor(self, model_key: str, tokens: Sequence[int], state: BlockState) -> bool: ...
+
+    def anchor(self, model_key: str, tokens: Sequence[int]) -> tuple[int, BlockState] | None: ...
+
 
 Event = tuple[Generation, list[Piece] | Exception]
 
@@ -45,8 +51,9 @@ class Batch:
 
     def __init__(self, model: Model, prefix_cache: PrefixStore | None = None) -> None:
         self.model = model
-        # a model whose caches cannot be cut into blocks (a recurrent layer's state) keeps none
-        self.prefix_cache = prefix_cache if model.signature.prefix_cached else None
+        self.prefix_cache = prefix_cache
+        self._layout: Layout = layout_of(model.network)
+        self._recurrent = any(names is not None for names in self._layout)
         # one group of sequences a KV format (a request may ask for its own: `kv_bits`); each
         # group steps on its own (its caches and compiled step are of its format)
         self._groups: dict[KVFormat | None, BatchDecoding] = {}
@@ -70,10 +77,10 @@ class Batch:
 
         format = generation.kv_format
 
-        def prefix() -> list[tuple[mx.array, ...]] | None:  # when its prefill starts
-            rows = self._cached_prefix(generation.prompt, format)
-            generation.cached_tokens = rows[0][0].shape[2] if rows else 0
-            return rows
+        def prefix() -> tuple[Rows, int] | None:  # when its prefill starts
+            found = self._cached_prefix(generation.prompt, format)
+            generation.cached_tokens = found[1] if found else 0
+            return found
 
         group = self._group(format)
         seq = group.add(
@@ -139,7 +146,12 @@ class Batch:
             keep: Callable[[BatchSequence], None] | None = None
             if self.prefix_cache is not None:
                 keep = self._keep_prompt
-            group = self._groups[format] = BatchDecoding(self.model.network, keep, format)
+            anchors = None
+            if self.prefix_cache is not None and self._recurrent:
+                anchors = self.prefix_cache.block_tokens
+            group = self._groups[format] = BatchDecoding(
+                self.model.network, keep, format, anchor_every=anchors
+            )
         return group
 
     @staticmethod
@@ -152,22 +164,29 @@ class Batch:
         sequence caches (a quantized cache's blocks are its codes)."""
         return self.model.identity + ("" if format is None else f"/kv-{format.name}")
 
-    def _cached_prefix(
-        self, prompt: list[int], format: KVFormat | None
-    ) -> list[tuple[mx.array, ...]] | None:
+    def _cached_prefix(self, prompt: list[int], format: KVFormat | None) -> tuple[Rows, int] | None:
         """Each layer's keys and values (in `format`) of the prompt's longest cached run of
-        blocks (at least one prompt token is left to prefill: its logits sample the first
-        token)."""
+        blocks, and how many tokens that is (at least one prompt token is left to prefill: its
+        logits sample the first token); with recurrent layers, the run up to its last anchor,
+        whose states they resume from."""
         if self.prefix_cache is None:
             return None
-        blocks = self.prefix_cache.lookup(self._model_key(format), prompt[:-1])
+        key = self._model_key(format)
+        blocks = self.prefix_cache.lookup(key, prompt[:-1])
+        anchored: BlockState = []
+        if blocks and self._recurrent:
+            found = self.prefix_cache.anchor(key, prompt[: len(blocks) * self.prefix_cache.block_tokens])
+            n, anchored = found if found is not None else (0, [])
+            blocks = blocks[:n]
         if not blocks:
             return None
         names = self._names(format)
-        return [
-            tuple(mx.concatenate([b[i][name] for b in blocks], axis=2) for name in names)
-            for i in range(len(blocks[0]))
+        rows: Rows = [
+            tuple(anchored[i][n] for n in state) if state is not None
+            else tuple(mx.concatenate([b[i][name] for b in blocks], axis=2) for name in names)
+            for i, state in enumerate(self._layout)
         ]
+        return rows, len(blocks) * self.prefix_cache.block_tokens
 
     def _keep_prompt(self, seq: BatchSequence) -> None:
         self._keep(seq, seq.prompt)
@@ -178,13 +197,21 @@ class Batch:
             return
         group = self._group_of[seq]
         rows = group.rows(seq)
-        tokens = tokens[: rows[0][0].shape[2]]  # what the cache holds (the last token is not fed)
+        tokens = tokens[: group.length(seq)]  # what the cache holds (the last token is not fed)
         size = self.prefix_cache.block_tokens
-
+        key = self._model_key(group.format)
         names = self._names(group.format)
 
-        def state_of(i: int) -> BlockState:
+        def state_of(i: int) -> BlockState:  # a recurrent layer's rows are no block's
             block = slice(i * size, (i + 1) * size)
-            return [{n: a[:, :, block] for n, a in zip(names, layer, strict=True)} for layer in rows]
+            return [{} if state is not None else
+                    {n: a[:, :, block] for n, a in zip(names, layer, strict=True)}
+                    for layer, state in zip(rows, self._layout, strict=True)]
 
-        self.prefix_cache.store(self._model_key(group.format), tokens, state_of)
+        self.prefix_cache.store(key, tokens, state_of)
+        if seq.anchor is not None and 0 < seq.anchor[0] <= len(tokens):
+            at, states = seq.anchor
+            self.prefix_cache.store_anchor(key, tokens[:at], [
+                {} if state is None else dict(zip(state, layer, strict=True))
+                for layer, state in zip(states, self._layout, strict=True)
+            ])

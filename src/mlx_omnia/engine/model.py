@@ -20,7 +20,7 @@ from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Projections
 from mlx_omnia.engine.core.moe import ExpertLinear, Route
 from mlx_omnia.engine.core.mxcompat import flat_parameters, float_item, named_modules
 from mlx_omnia.engine.errors import ContextLengthError, InvalidOptionsError
-from mlx_omnia.engine.generate.batch import batchable, prefix_cacheable
+from mlx_omnia.engine.generate.batch import batchable
 from mlx_omnia.engine.generate.budget import ReasoningBudget
 from mlx_omnia.engine.generate.loop import Decoding, Network, generate_tokens
 from mlx_omnia.engine.generate.sampling import SampledLogprobs, Sampler, SamplingParams
@@ -146,7 +146,6 @@ class Model:
             ),
             context_length=context_length,
             batched=batchable(network),
-            prefix_cached=prefix_cacheable(network),
         )
         self._offer_kv_bits()
 

@@ -515,9 +515,6 @@ class Signature:
     # Whether generations share decode steps (continuous batching, `Batch`); a model that
     # cannot batch still serves many requests, one after another.
     batched: bool = True
-    # Whether a prompt's cached prefix is stored and restored (the prefix cache, `Batch`): every
-    # layer caches keys and values. A recurrent layer's state is not yet cut at blocks.
-    prefix_cached: bool = True
 
     def check(self, options: GenerationOptions) -> None:
         """Raise InvalidOptionsError naming the first option set to something this model does not

@@ -255,12 +255,6 @@ def layout_of(network: Network) -> Layout:
     return tuple(c.names if isinstance(c, RecurrentState) else None for c in network.make_cache())
 
 
-def prefix_cacheable(network: Network) -> bool:
-    """Whether a sequence's cache can be cut into blocks of rows and rebuilt from them (the
-    prefix cache): every layer caches keys and values (no recurrent state)."""
-    return all(isinstance(c, KVCache) for c in network.make_cache())
-
-
 @dataclass(eq=False)  # a sequence is itself: found in the batch by identity
 class BatchSequence:
     """One sequence: its prompt, how it samples, and where it stands."""
@@ -273,8 +267,11 @@ class BatchSequence:
     token: mx.array | None = None  # sampled, not yet handed out
     emitted: list[int] = field(default_factory=list[int])
     failed: Exception | None = None  # its sampler or grammar failed: it takes no more steps
-    prefix: Callable[[], Rows | None] | None = None
+    prefix: Callable[[], tuple[Rows, int] | None] | None = None  # a cached prefix: rows, length
     slot: int = 0  # its row in the batch's caches and logits
+    # the recurrent layers' state after the last whole block the sequence passed (its length
+    # then, the rows; an attention layer's: ()), for the prefix cache's anchors
+    anchor: tuple[int, Rows] | None = None
 
 
 class BatchDecoding:
@@ -284,9 +281,13 @@ class BatchDecoding:
 
     def __init__(
         self, network: Network, on_join: Callable[[BatchSequence], None] | None = None,
-        format: KVFormat | Inherit | None = INHERIT,
+        format: KVFormat | Inherit | None = INHERIT, anchor_every: int | None = None,
     ) -> None:
         self._network = network
+        self._layout = layout_of(network)
+        # keep each sequence's recurrent state at every multiple of this many tokens (a prefix
+        # cache's block): a prompt's prefill stops there, decode steps look
+        self.anchor_every = anchor_every if any(n is not None for n in self._layout) else None
         self.format = sequence_format(network, format)
         self._on_join = on_join  # told of each sequence whose prompt is in (a prefix cache)
         self.waiting: deque[BatchSequence] = deque()
@@ -302,7 +303,7 @@ class BatchDecoding:
         prompt: Sequence[int],
         sample: Callable[[mx.array], mx.array],
         follow: Callable[[int], None] | None = None,
-        prefix: Callable[[], Rows | None] | None = None,
+        prefix: Callable[[], tuple[Rows, int] | None] | None = None,
     ) -> BatchSequence:
         """Queue a sequence. `prefix`, called when its prefill starts (so it sees what the
         sequences before it left), gives its prompt's first tokens' keys and values, if known;
@@ -329,6 +330,14 @@ class BatchDecoding:
             seq.decoding.close()
             seq.decoding = None
 
+    def length(self, seq: BatchSequence) -> int:
+        """Tokens in a running sequence's cache."""
+        if seq.decoding is not None:
+            return seq.decoding.length
+        if self._caches is None or seq not in self.running:
+            raise ValueError("the sequence is not decoding")
+        return cast(int, self._caches.lengths[seq.slot])
+
     def rows(self, seq: BatchSequence) -> Rows:
         """A running sequence's keys and values so far (views), e.g. for a prefix cache."""
         if seq.decoding is not None:
@@ -347,6 +356,10 @@ class BatchDecoding:
         running = [s for s in self.running if s.failed is None]
         if running:
             logits = self._forward()
+            if self.anchor_every is not None:
+                for seq in running:
+                    if self.length(seq) % self.anchor_every == 0:
+                        self._keep_anchor(seq)
             # each token was evaluated on its own (evaluate_async at the last step): reading it
             # waits for that sample only, not for the forward just queued (a stack of them
             # would be a new operation behind the forward, and the host would wait for it)
@@ -441,15 +454,24 @@ class BatchDecoding:
         """Prefill up to `budget` more prompt tokens of `seq`; it joins once its prompt is in.
         Returns the tokens fed."""
         if seq.decoding is None:
-            rows = seq.prefix() if seq.prefix is not None else None
-            seq.decoding = Decoding(self._network, rows or (), self.format)
+            found = seq.prefix() if seq.prefix is not None else None
+            rows, length = found if found is not None else ((), 0)
+            seq.decoding = Decoding(self._network, rows, self.format, length=length)
             seq.fed = seq.decoding.length
             if seq.fed >= len(seq.prompt):
                 raise ValueError("a cached prefix must leave a prompt token to prefill")
         start = seq.fed
         end = min(len(seq.prompt), start + budget)
+        # the anchor a lookup of this very prompt reaches: the last block end before its last
+        # token (a lookup leaves that token to prefill); a chunk stops there
+        every = self.anchor_every
+        boundary = (len(seq.prompt) - 1) // every * every if every is not None else 0
+        if start < boundary < end:
+            end = boundary
         logits = seq.decoding.feed(seq.prompt[start:end], last_only=True)
         seq.fed = end
+        if end == boundary:
+            self._keep_anchor(seq)
         if end < len(seq.prompt):
             evaluate(seq.decoding.state())
             return end - start
@@ -460,6 +482,15 @@ class BatchDecoding:
         if self._on_join is not None:
             self._on_join(seq)
         return end - start
+
+    def _keep_anchor(self, seq: BatchSequence) -> None:
+        """Remember the sequence's recurrent states now, at a block's end (own copies: a batch
+        row's view would keep the whole batch's arrays alive)."""
+        rows = self.rows(seq)
+        kept: Rows = [() if names is None else tuple(mx.array(a) for a in layer)
+                      for layer, names in zip(rows, self._layout, strict=True)]
+        evaluate_async([a for layer in kept for a in layer])
+        seq.anchor = (self.length(seq), kept)
 
     def _join(self, seq: BatchSequence) -> None:
         """A prefilled sequence joins the running ones."""

@@ -177,6 +177,11 @@ def _read_block(path: Path, key: bytes, digest: str) -> _Block:
     return _Block(layers)
 
 
+def _anchor_key(block_key: bytes) -> bytes:
+    """The key of the anchor after the block whose chain key is `block_key`."""
+    return hashlib.sha256(b"anchor\0" + block_key).digest()
+
+
 def _unlink(paths: list[Path]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):  # one that will not go only costs disk space
@@ -248,17 +253,54 @@ class PrefixCache:
               state_of: Callable[[int], BlockState]) -> int:
         """Keep every whole block of `tokens` the cache does not hold yet; `state_of(i)` gives
         block i's state. Returns how many blocks were added."""
-        digest = hashlib.sha256(model_key.encode()).hexdigest()
         missing: list[tuple[bytes, BlockState]] = []
         for i, key in enumerate(self._chain(model_key, tokens)):
+            if not self._holds(key):
+                missing.append((key, state_of(i)))
+        return self._add(model_key, missing)
+
+    def store_anchor(self, model_key: str, tokens: Sequence[int], state: BlockState) -> bool:
+        """Keep `state`, what a model carries past all of `tokens` (whole blocks: a recurrent
+        layer's state there), as an anchor a later prompt starting with `tokens` resumes from.
+        An anchor is an entry of its own, keyed by the last block's chain key, beside the
+        blocks' rows. Returns whether it was added (False: held already)."""
+        if not tokens or len(tokens) % self.block_tokens:
+            raise ValueError(f"an anchor follows whole blocks of {self.block_tokens} tokens")
+        key = _anchor_key(list(self._chain(model_key, tokens))[-1])
+        return not self._holds(key) and self._add(model_key, [(key, state)]) == 1
+
+    def anchor(self, model_key: str, tokens: Sequence[int]) -> tuple[int, BlockState] | None:
+        """The anchor after the most whole blocks of `tokens` (from the first) that has one:
+        (how many blocks, its state), or None."""
+        digest = hashlib.sha256(model_key.encode()).hexdigest()
+        keys = [_anchor_key(k) for k in self._chain(model_key, tokens)]
+        for n in range(len(keys), 0, -1):
+            key = keys[n - 1]
             with self._lock:
-                if key in self._memory or key in self._disk or key in self._pending:
-                    continue
-            # Own copies (mx.array copies; mx.contiguous may share): a block sliced out of a
-            # larger KV buffer would otherwise keep the whole buffer alive behind a small nbytes.
-            missing.append(
-                (key, [{name: mx.array(a) for name, a in layer.items()} for layer in state_of(i)])
-            )
+                held = self._memory.get(key)
+                on_disk = key in self._disk
+                if held is not None:
+                    self._memory.move_to_end(key)
+            if held is not None:
+                return n, held[0]
+            if on_disk:
+                state = self._take(key, self._readers().submit(
+                    _read_block, self._path(key), key, digest))
+                if state is not None:
+                    return n, state
+        return None
+
+    def _holds(self, key: bytes) -> bool:
+        with self._lock:
+            return key in self._memory or key in self._disk or key in self._pending
+
+    def _add(self, model_key: str, entries: list[tuple[bytes, BlockState]]) -> int:
+        """Keep new entries in memory and queue their files; returns how many were added."""
+        digest = hashlib.sha256(model_key.encode()).hexdigest()
+        # Own copies (mx.array copies; mx.contiguous may share): a block sliced out of a
+        # larger KV buffer would otherwise keep the whole buffer alive behind a small nbytes.
+        missing = [(key, [{name: mx.array(a) for name, a in layer.items()} for layer in state])
+                   for key, state in entries]
         # one evaluation for all of them: the caller's device work is waited for once
         evaluate([a for _, state in missing for layer in state for a in layer.values()])
         added = 0
