@@ -53,6 +53,10 @@ FAMILIES: dict[str, str] = {
     "gpt2": "mlx_omnia.engine.models.gpt2",
     "lfm2": "mlx_omnia.engine.models.lfm2",
     "qwen3_next": "mlx_omnia.engine.models.qwen3_next",
+    "qwen3_5": "mlx_omnia.engine.models.qwen3_5",
+    "qwen3_5_text": "mlx_omnia.engine.models.qwen3_5",
+    "qwen3_5_moe": "mlx_omnia.engine.models.qwen3_5",
+    "qwen3_5_moe_text": "mlx_omnia.engine.models.qwen3_5",
 }
 
 
