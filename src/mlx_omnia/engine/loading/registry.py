@@ -52,6 +52,7 @@ FAMILIES: dict[str, str] = {
     "exaone4": "mlx_omnia.engine.models.exaone4",
     "gpt2": "mlx_omnia.engine.models.gpt2",
     "lfm2": "mlx_omnia.engine.models.lfm2",
+    "lfm2_moe": "mlx_omnia.engine.models.lfm2_moe",
     "qwen3_next": "mlx_omnia.engine.models.qwen3_next",
     "qwen3_5": "mlx_omnia.engine.models.qwen3_5",
     "qwen3_5_text": "mlx_omnia.engine.models.qwen3_5",
