@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_omnia.engine.core.recurrent import GatedDeltaRule, ShortConv
+from mlx_omnia.engine.core.recurrent import GatedDeltaRule, SelectiveScan, ShortConv
 from mlx_omnia.engine.core.state import RecurrentState, StaticRecurrentState
 
 
@@ -104,3 +104,43 @@ def test_a_static_state_is_read_and_replaced_in_a_compiled_step() -> None:
     got += [step(x[:, t : t + 1]) for t in range(6, 9)]
     np.testing.assert_allclose(_np(mx.concatenate(got, 1)), _np(mx.concatenate(want, 1)), rtol=1e-6)
     np.testing.assert_array_equal(_np(static.state["conv"]), _np(eager.arrays["conv"]))
+
+
+def scan_reference(
+    x: np.ndarray, dt: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mamba-2's recurrence token by token, float64 (groups repeated over heads)."""
+    repeats = x.shape[2] // b.shape[2]
+    b, c = np.repeat(b, repeats, axis=2), np.repeat(c, repeats, axis=2)
+    s = np.zeros((x.shape[0], x.shape[2], x.shape[3], b.shape[3]))
+    y = np.zeros(x.shape)
+    for t in range(x.shape[1]):
+        s = (np.exp(dt[:, t] * a)[..., None, None] * s
+             + np.einsum("bh,bhp,bhn->bhpn", dt[:, t], x[:, t], b[:, t]))
+        y[:, t] = np.einsum("bhpn,bhn->bhp", s, c[:, t]) + d[:, None] * x[:, t]
+    return y, s
+
+
+@pytest.mark.parametrize(("groups", "chunk", "splits"), [(1, 64, (50,)), (2, 16, (1, 33, 34)), (4, 8, ())])
+def test_selective_scan_equals_the_stepwise_definition(
+    groups: int, chunk: int, splits: tuple[int, ...]
+) -> None:
+    b, length, heads, p, n = 2, 90, 4, 8, 16
+    keys = mx.random.split(mx.random.key(11), 6)
+    x = mx.random.normal((b, length, heads, p), key=keys[0])
+    dt = mx.random.uniform(0.01, 0.5, (b, length, heads), key=keys[1])
+    a = -mx.random.uniform(0.5, 2.0, (heads,), key=keys[2])
+    bb = mx.random.normal((b, length, groups, n), key=keys[3])
+    cc = mx.random.normal((b, length, groups, n), key=keys[4])
+    d = mx.random.normal((heads,), key=keys[5])
+    scan = SelectiveScan(heads=heads, head_dim=p, state_size=n, groups=groups, chunk=chunk)
+    state = RecurrentState(("ssm",))
+    bounds = [0, *splits, length]
+    out = mx.concatenate(
+        [scan(x[:, i:j], dt[:, i:j], a, bb[:, i:j], cc[:, i:j], d, state)
+         for i, j in itertools.pairwise(bounds)],
+        axis=1,
+    )
+    want, s = scan_reference(_np(x), _np(dt), _np(a), _np(bb), _np(cc), _np(d))
+    np.testing.assert_allclose(_np(out), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_np(state.arrays["ssm"]), s, rtol=1e-4, atol=1e-4)

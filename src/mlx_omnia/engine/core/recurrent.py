@@ -202,3 +202,95 @@ def _delta_step(
     delta = (v - recalled) * beta[..., None]
     s = s + k[..., :, None] * delta[..., None, :]
     return (q[..., None, :] @ s)[..., 0, :], s
+
+
+class SelectiveScan(Declaration):
+    """Mamba-2's selective state space scan (state space duality), per head h with a state
+    S [head_dim, state_size] (float32) and a scalar decay A_h < 0; B and C come in `groups`, each
+    serving heads / groups heads. Token by token:
+
+        S <- exp(dt A) S + dt x B^T       (x [head_dim], B [state_size], dt > 0 a step size)
+        y  = S C + D x
+
+    One token is that step. A longer call runs the chunked form, equal up to rounding: within a
+    chunk of `chunk` tokens with cumulative log-decays G_i = sum_{j<=i} dt_j A,
+    y_i = sum_{j<=i} (C_i . B_j) exp(G_i - G_j) dt_j x_j + exp(G_i) S C_i + D x_i, and the state
+    after it is exp(G_last) S + sum_j exp(G_last - G_j) dt_j x_j B_j^T. Inputs x [B, L, heads,
+    head_dim], dt [B, L, heads] (after its softplus), A and D [heads], B and C [B, L, groups,
+    state_size]; the output [B, L, heads, head_dim] in x's dtype. The state is `name` in the
+    layer's RecurrentState."""
+
+    def __init__(
+        self, *, heads: int, head_dim: int, state_size: int, groups: int, chunk: int = 64,
+        name: str = "ssm",
+    ) -> None:
+        super().__init__()
+        if heads % groups:
+            raise ValueError(f"{heads} heads do not group over {groups} groups")
+        self.heads, self.head_dim, self.state_size, self.groups = heads, head_dim, state_size, groups
+        self.chunk = chunk
+        self.name = name
+        self._bound: Callable[..., mx.array] = self.reference()
+
+    def reference(self) -> Callable[..., mx.array]:
+        repeats = self.heads // self.groups
+
+        def scan(
+            x: mx.array, dt: mx.array, a: mx.array, b: mx.array, c: mx.array, d: mx.array,
+            state: State | None,
+        ) -> mx.array:
+            batch, length = x.shape[:2]
+            f32 = mx.float32
+            if repeats > 1:
+                b, c = mx.repeat(b, repeats, axis=2), mx.repeat(c, repeats, axis=2)
+            # heads first: [B, H, L, *] and [B, H, L]
+            xf, bf, cf = (t.astype(f32).swapaxes(1, 2) for t in (x, b, c))
+            dtf = dt.astype(f32).swapaxes(1, 2)
+            log_decay = dtf * a.astype(f32)[:, None]  # dt A, [B, H, L]
+            s = state.get(self.name) if state is not None else None
+            if s is None:
+                s = mx.zeros((batch, self.heads, self.head_dim, self.state_size), f32)
+            if length == 1:
+                s = (mx.exp(log_decay[:, :, 0])[..., None, None] * s
+                     + (dtf[:, :, 0, None] * xf[:, :, 0])[..., :, None] * bf[:, :, 0, None, :])
+                y = (s @ cf[:, :, 0, :, None])[..., 0][:, :, None]
+            else:
+                y, s = self._chunked(xf * dtf[..., None], log_decay, bf, cf, s)
+            if state is not None:
+                state.put(self.name, s)
+            y = y + d.astype(f32)[:, None, None] * xf
+            return y.swapaxes(1, 2).astype(x.dtype)
+
+        return scan
+
+    def _chunked(
+        self, xd: mx.array, log_decay: mx.array, b: mx.array, c: mx.array, s: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """xd = dt x [B, H, L, P], log_decay [B, H, L], b, c [B, H, L, N], s [B, H, P, N]."""
+        batch, heads, length, _ = xd.shape
+        size = self.chunk
+        pad = -length % size
+        if pad:  # padded tokens: dt = 0, so no input and no decay
+            xd, b, c = (mx.pad(t, [(0, 0), (0, 0), (0, pad), (0, 0)]) for t in (xd, b, c))
+            log_decay = mx.pad(log_decay, [(0, 0), (0, 0), (0, pad)])
+        n = (length + pad) // size
+        xd, b, c = (reshape(t, batch, heads, n, size, t.shape[-1]) for t in (xd, b, c))
+        cum = mx.cumsum(reshape(log_decay, batch, heads, n, size), axis=-1)  # G_i
+        lower = mx.tril(mx.ones((size, size), dtype=mx.bool_))
+        decay = mx.exp(mx.where(lower, cum[..., :, None] - cum[..., None, :], -mx.inf))
+        within = ((c @ b.swapaxes(-1, -2)) * decay) @ xd  # [B, H, n, size, P]
+        into = mx.exp(cum)[..., None]  # the carried state's decay to each token
+        last = cum[..., -1:]
+        xd_out = xd * mx.exp(last - cum)[..., None]  # each token's decay to the chunk's end
+        chunk_decay = mx.exp(last)[..., None]  # [B, H, n, 1, 1]
+        outs: list[mx.array] = []
+        for i in range(n):
+            outs.append(within[:, :, i] + into[:, :, i] * (c[:, :, i] @ s.swapaxes(-1, -2)))
+            s = s * chunk_decay[:, :, i] + xd_out[:, :, i].swapaxes(-1, -2) @ b[:, :, i]
+        return mx.concatenate(outs, axis=2)[:, :, :length], s
+
+    def __call__(
+        self, x: mx.array, dt: mx.array, a: mx.array, b: mx.array, c: mx.array, d: mx.array,
+        state: State | None,
+    ) -> mx.array:
+        return self._bound(x, dt, a, b, c, d, state)

@@ -54,6 +54,7 @@ FAMILIES: dict[str, str] = {
     "lfm2": "mlx_omnia.engine.models.lfm2",
     "lfm2_moe": "mlx_omnia.engine.models.lfm2_moe",
     "qwen3_next": "mlx_omnia.engine.models.qwen3_next",
+    "mamba2": "mlx_omnia.engine.models.mamba2",
     "qwen3_5": "mlx_omnia.engine.models.qwen3_5",
     "qwen3_5_text": "mlx_omnia.engine.models.qwen3_5",
     "qwen3_5_moe": "mlx_omnia.engine.models.qwen3_5",
