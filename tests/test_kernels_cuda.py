@@ -426,7 +426,7 @@ def test_batch_step_logits_agree_with_each_sequence_alone(
     greedy gate of its own sequence's, over 24 steps, sequences of different lengths."""
     from mlx_omnia import load
     from mlx_omnia.bench import shapes
-    from mlx_omnia.engine.generate.batch import BatchCache, batch_forward
+    from mlx_omnia.engine.generate.batch import BatchCache, batch_forward, layout_of
     from mlx_omnia.engine.generate.loop import Decoding
 
     if family == "qwen3":
@@ -449,9 +449,9 @@ def test_batch_step_logits_agree_with_each_sequence_alone(
     for b, p in zip(batch, prompts, strict=True):
         b.feed(p, last_only=True)
         mx.eval(b.state())
-    cache = BatchCache(batch[0].rows())
+    cache = BatchCache(batch[0].rows(), layout_of(network), batch[0].length)
     for b in batch[1:]:
-        cache.put(b.rows())
+        cache.put(b.rows(), b.length)
     forward = batch_forward(network)
     tokens = [int(mx.argmax(f[-1]).item()) for f in firsts]
     worst = 0.0

@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from mlx_omnia import load
 from mlx_omnia.bench.shapes import build_checkpoint
-from mlx_omnia.engine.generate.batch import BatchCache, batch_forward
+from mlx_omnia.engine.generate.batch import BatchCache, batch_forward, layout_of
 from mlx_omnia.engine.generate.loop import Decoding
 
 
@@ -58,9 +58,9 @@ def main() -> None:
         print(f"single Decoding step: {one:.2f} ms")
         forward = batch_forward(network)
         for slots in (int(s) for s in args.slots.split(",")):
-            cache = BatchCache(rows)
+            cache = BatchCache(rows, layout_of(network), dec.length)
             for _ in range(slots - 1):
-                cache.put(rows)
+                cache.put(rows, dec.length)
             mx.eval(cache.state())
             ids = mx.full((cache.slots, 1), 7, dtype=mx.int32)
 
