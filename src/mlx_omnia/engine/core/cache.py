@@ -20,7 +20,7 @@ from typing import Literal
 
 import mlx.core as mx
 
-from mlx_omnia.engine.core.state import RecurrentState
+from mlx_omnia.engine.core.state import RecurrentState, StaticRecurrentState
 
 Mask = mx.array | Literal["causal"] | None
 OFFSET_SLOTS = 4  # the static offset's width: 16 bytes, past MLX's small-array pool on CUDA
@@ -534,8 +534,13 @@ def filled_cache(format: KVFormat | None, rows: Sequence[mx.array]) -> KVCache |
     return QuantizedKVCache.filled(format, rows)
 
 
-def static_cache(cache: KVCache | QuantizedKVCache) -> StaticKVCache | StaticQuantizedKVCache:
-    """The static counterpart of a prefilled eager cache (a compiled step's)."""
+def static_cache(
+    cache: KVCache | QuantizedKVCache | RecurrentState,
+) -> StaticKVCache | StaticQuantizedKVCache | StaticRecurrentState:
+    """The static counterpart of a prefilled eager cache, or of a recurrent layer's state (a
+    compiled step's)."""
+    if isinstance(cache, RecurrentState):
+        return StaticRecurrentState.from_state(cache)
     if isinstance(cache, QuantizedKVCache):
         return StaticQuantizedKVCache.from_cache(cache)
     return StaticKVCache.from_cache(cache)

@@ -73,6 +73,14 @@ def _l2_normalized(x: mx.array, eps: float = 1e-6) -> mx.array:
     return x * mx.rsqrt((x * x).sum(axis=-1, keepdims=True) + eps)
 
 
+def _pairwise_decay(cum: mx.array) -> mx.array:
+    """exp(G_i - G_j) for j <= i, else 0: [..., n, n] from a chunk's cumulative log-decays
+    G [..., n] (the exponent is masked first, so no exp of a growth above the diagonal)."""
+    size = cum.shape[-1]
+    lower = mx.tril(mx.ones((size, size), dtype=mx.bool_))
+    return mx.exp(mx.where(lower, cum[..., :, None] - cum[..., None, :], -mx.inf))
+
+
 def _unit_lower_inverse(strict: mx.array, size: int) -> mx.array:
     """(I + M)^-1 for strictly lower-triangular M [..., n, n]. M is nilpotent (M^n = 0), so
     with X = -M the inverse is sum_{k<n} X^k = prod_j (I + X^(2^j)) over 2^j < n: about
@@ -164,11 +172,10 @@ class GatedDeltaRule(Declaration):
         q, k, v = (reshape(x, b, h, n, c, x.shape[-1]) for x in (q, k, v))
         g, beta = reshape(g, b, h, n, c), reshape(beta, b, h, n, c)
         cum = mx.cumsum(g, axis=-1)  # G_i
-        lower = mx.tril(mx.ones((c, c), dtype=mx.bool_))
-        gap = cum[..., :, None] - cum[..., None, :]  # G_i - G_j
-        decay = mx.exp(mx.where(lower, gap, -mx.inf))  # exp(G_i - G_j) for j <= i, else 0
+        decay = _pairwise_decay(cum)
         kb = k * beta[..., None]
-        strict = mx.where(mx.tril(lower, k=-1), (kb @ k.swapaxes(-1, -2)) * decay, 0.0)
+        below = mx.tril(mx.ones((c, c), dtype=mx.bool_), k=-1)
+        strict = mx.where(below, (kb @ k.swapaxes(-1, -2)) * decay, 0.0)
         inverse = _unit_lower_inverse(strict, c)
         u = inverse @ (v * beta[..., None])
         w = inverse @ (kb * mx.exp(cum)[..., None])
@@ -276,9 +283,7 @@ class SelectiveScan(Declaration):
         n = (length + pad) // size
         xd, b, c = (reshape(t, batch, heads, n, size, t.shape[-1]) for t in (xd, b, c))
         cum = mx.cumsum(reshape(log_decay, batch, heads, n, size), axis=-1)  # G_i
-        lower = mx.tril(mx.ones((size, size), dtype=mx.bool_))
-        decay = mx.exp(mx.where(lower, cum[..., :, None] - cum[..., None, :], -mx.inf))
-        within = ((c @ b.swapaxes(-1, -2)) * decay) @ xd  # [B, H, n, size, P]
+        within = ((c @ b.swapaxes(-1, -2)) * _pairwise_decay(cum)) @ xd  # [B, H, n, size, P]
         into = mx.exp(cum)[..., None]  # the carried state's decay to each token
         last = cum[..., -1:]
         xd_out = xd * mx.exp(last - cum)[..., None]  # each token's decay to the chunk's end

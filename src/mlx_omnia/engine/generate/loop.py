@@ -62,12 +62,6 @@ EagerCache = KVCache | QuantizedKVCache | RecurrentState
 StaticCache = StaticKVCache | StaticQuantizedKVCache | StaticRecurrentState
 
 
-def _static(cache: EagerCache) -> StaticCache:
-    if isinstance(cache, RecurrentState):
-        return StaticRecurrentState.from_state(cache)
-    return static_cache(cache)
-
-
 def _rows_length(caches: Sequence[EagerCache], rows: Sequence[LayerRows]) -> int:
     """How many tokens rows of a sequence hold: an attention layer's row count (a recurrent
     layer's state does not say)."""
@@ -112,7 +106,7 @@ class CompiledStep:
     _IDLE = "_omnia_idle_compiled_step"
 
     def __init__(self, network: Network, caches: Sequence[EagerCache]) -> None:
-        self.caches = [_static(c) for c in caches]
+        self.caches: list[StaticCache] = [static_cache(c) for c in caches]
         self.length = 0
         self._fits = self._capacity()
         self._network = network
