@@ -414,6 +414,116 @@ def test_attention_rows_give_each_rows_own_bits(case: str, prefixes: tuple[int, 
         offsets = offsets + 1
 
 
+def random_cache(prefix: int, kv_heads: int, d: int, dtype: mx.Dtype, seed: int) -> StaticKVCache:
+    """A static cache of `prefix` random rows (a long cache without a long prefill: the core's
+    attention over 64k queries would not fit), capacity rounded up to 256 rows."""
+    mx.random.seed(seed)
+    capacity = -(-prefix // 256) * 256
+    keys = mx.random.normal((1, kv_heads, capacity, d)).astype(dtype)
+    values = mx.random.normal((1, kv_heads, capacity, d)).astype(dtype)
+    mx.eval(keys, values)
+    return StaticKVCache(keys, values, prefix)
+
+
+@pytest.mark.parametrize("case", ["qwen3", "gqa8 traditional", "head 32", "scaled freqs"])
+@pytest.mark.parametrize("prefix", [1, 2048, 8191, 9000, 16384, 33000, 65536])
+def test_attention_step_long_cache_matches_core(case: str, prefix: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_SLICES chunks of rows a slice walks several with an online softmax (`walks`):
+    element-wise against the core attention at 1 to 64k rows, step after step (a step past a
+    chunk's end moves to the next slice, past MAX_SLICES chunks to a walked one); the head
+    split writes the same bits as one block a slice there too."""
+    from mlx_omnia.engine.core.kernels.attention_step import attention_spec
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import MAX_SLICES
+
+    c = ATTENTION_CASES[case]
+    h, hkv, d = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+    dtype = mx.bfloat16
+
+    def decl() -> AttentionStep:
+        mx.random.seed(9)
+        norms = c["norms"]
+        return AttentionStep(n_heads=h, n_kv_heads=hkv, head_dim=d,
+                             q_norm=make_norm(d, dtype) if norms else None,
+                             k_norm=make_norm(d, dtype) if norms else None,
+                             rope=Rope(d, **c["rope"]))  # type: ignore[arg-type]
+
+    att, one = decl(), decl()
+    assert att.bind() == one.bind() == "attention_step_cuda"
+    core = att.reference()
+    mine, theirs, single = (random_cache(prefix, hkv, d, dtype, prefix) for _ in range(3))
+    for step in range(3):
+        q, k, v = step_inputs((mine, theirs, single), prefix + step + 1, h, hkv, d, dtype)
+        spec = attention_spec(att, dtype, mine.capacity)
+        assert spec.walks == (mine.capacity // spec.keys_per_block > MAX_SLICES)
+        got = att(q, k, v, mine)
+        want = core(q, k, v, theirs)
+        mx.eval(got, want, mine.arrays(), theirs.arrays())
+        with heads_in_one_block(monkeypatch):
+            alone = one(q, k, v, single)
+            mx.eval(alone, single.arrays())
+        assert rel_err(got, want) <= 8 * ULP[dtype], (step, spec.tag())
+        assert mx.array_equal(got, alone), (step, spec.tag())
+        n = prefix + step + 1
+        assert int(mine.offset.item()) == n
+        assert rel_err(mine.state["keys"][..., :n, :], theirs.state["keys"][..., :n, :]) <= 2 * ULP[dtype]
+        assert rel_err(mine.state["values"][..., :n, :], theirs.state["values"][..., :n, :]) == 0.0
+        assert_same_caches(mine, single, step)
+    if prefix > 9000:
+        assert attention_spec(att, dtype, mine.capacity).walks
+
+
+@pytest.mark.parametrize("case", ["qwen3", "gqa8 traditional"])
+def test_attention_rows_long_caches_give_each_rows_own_bits(case: str) -> None:
+    """A batch's rows whose capacity walks (past MAX_SLICES chunks), short and long rows
+    together: each row writes exactly the single-row launch's bits at its offset, and the whole
+    agrees with the core's batch attention."""
+    from mlx_omnia.engine.core.kernels.attention_step import attention_spec
+
+    c = ATTENTION_CASES[case]
+    h, hkv, d = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+    dtype = mx.bfloat16
+    norms = c["norms"]
+    att = AttentionStep(n_heads=h, n_kv_heads=hkv, head_dim=d,
+                        q_norm=make_norm(d, dtype) if norms else None,
+                        k_norm=make_norm(d, dtype) if norms else None,
+                        rope=Rope(d, **c["rope"]))  # type: ignore[arg-type]
+    assert att.bind() == "attention_step_cuda"
+    core = att.reference()
+    prefixes = (5, 9000, 20000, 8191)
+    capacity = 20480
+    filled = [random_cache(p, hkv, d, dtype, p) for p in prefixes]
+    keys = mx.concatenate([_padded_rows(f.state["keys"], capacity) for f in filled])
+    values = mx.concatenate([_padded_rows(f.state["values"], capacity) for f in filled])
+    assert attention_spec(att, dtype, capacity).walks
+    singles = [StaticKVCache(mx.array(keys[b : b + 1]), mx.array(values[b : b + 1]), p)
+               for b, p in enumerate(prefixes)]
+    ref_keys, ref_values = mx.array(keys), mx.array(values)
+    offsets = mx.array(prefixes, dtype=mx.int32)
+    mx.eval(keys, values, ref_keys, ref_values, *(a for s in singles for a in s.arrays()))
+    rows = len(prefixes)
+    for step in range(2):
+        q = (2 * mx.random.normal((rows, 1, h * d))).astype(dtype)
+        k = (2 * mx.random.normal((rows, 1, hkv * d))).astype(dtype)
+        v = mx.random.normal((rows, 1, hkv * d)).astype(dtype)
+        mine = BatchRows(keys, values, offsets)
+        theirs = BatchRows(ref_keys, ref_values, offsets)
+        got = att(q, k, v, mine)
+        want = core(q, k, v, theirs)
+        mx.eval(got, want, theirs.keys, theirs.values)
+        alone = []
+        for b in range(rows):  # one evaluation each (see the test above)
+            alone.append(att(q[b : b + 1], k[b : b + 1], v[b : b + 1], singles[b]))
+            mx.eval(alone[-1], singles[b].arrays())
+        assert rel_err(got, want) <= 8 * ULP[dtype], step
+        for b, p in enumerate(prefixes):
+            n = p + step + 1
+            assert mx.array_equal(got[b : b + 1], alone[b]), (step, b)
+            assert mx.array_equal(keys[b : b + 1, :, :n], singles[b].state["keys"][..., :n, :])
+        ref_keys, ref_values = theirs.keys, theirs.values
+        offsets = offsets + 1
+
+
 @pytest.mark.parametrize(("family", "quantize"), [
     ("qwen3", None), ("qwen3", {"bits": 4, "group_size": 64}),
     ("qwen3_moe", {"bits": 4, "group_size": 64}),

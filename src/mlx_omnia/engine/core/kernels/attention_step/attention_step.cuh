@@ -6,13 +6,16 @@ template <bool CG, typename U> __device__ __forceinline__ U ld_new(const U* p) {
   if constexpr (CG) return __ldcg(p); else return *p;
 }
 
-// `block`: this block's index among the attention's blocks (blockIdx.x, or a chained launch's
-// ticket). CG: q, k_new and v_new come from the first phase of a chained launch: `wait`,
+// The cache's rows come in chunks of KPB, a block (slice) a chunk of each kv head. WALK (a
+// capacity past MAXS chunks): a kv head's chunks are dealt to MAXS slices (chunk c to slice
+// c % MAXS) and a block walks its chunks with an online softmax (running max and sum, the
+// output rescaled when the max moves). The last block of a kv head merges the slices. `block`: this block's index among the attention's
+// blocks (blockIdx.x, or a chained launch's ticket). CG: q, k_new and v_new come from the first phase of a chained launch: `wait`,
 // `wait_for` say when they are there (wait_published), after the loads that do not need them.
 // HS: the query heads of a kv head are split over HS blocks of a slice (GB = G / HS heads
 // each, their own partials, counter and merge); every head's arithmetic is the same at any HS.
-template <typename T, int H, int HKV, int D, int KPB, bool QN, bool KN, bool TRAD, bool CG = false,
-          int HS = 1>
+template <typename T, int H, int HKV, int D, int KPB, bool QN, bool KN, bool TRAD, bool WALK,
+          bool CG = false, int HS = 1>
 __device__ __forceinline__ void attention_step(
     const T* q, const T* k_new, const T* v_new, const T* qw, const T* kw, const float* inv_freq,
     const T* k_cache, const T* v_cache, const int* pos_p, const int* counters, float* part_o,
@@ -24,30 +27,33 @@ __device__ __forceinline__ void attention_step(
   constexpr int CH = D / 8;          // 16-byte chunks of a row: the lanes of one key
   constexpr int SLOTS = NT / CH;     // keys the block holds at once
   constexpr int ITER = KPB / SLOTS;  // keys per thread
-  constexpr int MAXS = ${MAX_SLICES};
+  constexpr int MAXS = ${MAX_SLICES};  // slices of a kv head at most
   constexpr int BUF = NW * GB * D > GB * MAXS ? NW * GB * D : GB * MAXS;
   static_assert(KPB % SLOTS == 0 && (CH & (CH - 1)) == 0 && CH <= 32 && G % HS == 0, "geometry");
   __shared__ __align__(16) float hs[GB + 1][D];  // rotated query heads, then the rotated new key
   __shared__ float p[GB][KPB];
-  __shared__ float stat[GB][2];
+  __shared__ float stat[GB][2];                  // running (max, sum) of each head
+  __shared__ float rescale[WALK ? GB : 1];       // the last chunk's exp(old max - new max)
   __shared__ __align__(16) float buf[BUF];      // per-warp outputs, then the merge weights
   __shared__ int last;
-  const int slices = cap / KPB;
+  const int chunks = cap / KPB;
+  const int slices = WALK && chunks > MAXS ? MAXS : chunks;
   const int kvh = block / (slices * HS), split = block % slices;
   const int hh = HS == 1 ? 0 : block / slices % HS;  // which GB heads of the kv head
   const int hoff = hh * GB;  // this block's first query head within its kv head's (0: HS 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int slot = tid / CH, c = tid % CH;
   const int pos = pos_p[0];
-  const int t0 = split * KPB;
-  const int n = min(KPB, pos + 1 - t0);  // keys of this slice (<= 0: nothing to do)
+  const int filled = pos / KPB + 1;  // chunks holding a row up to pos
   // every slot (core/cache.py); none for a batch's rows (their offsets move on the host's side)
   if (next_pos != nullptr && block == 0 && tid < ${OFFSET_SLOTS}) next_pos[tid] = pos + 1;
-  if (n <= 0) return;
+  if (split >= filled) return;  // no chunk of this slice holds a row yet
   T* kc = const_cast<T*>(k_cache) + (size_t)kvh * cap * D;
   T* vc = const_cast<T*>(v_cache) + (size_t)kvh * cap * D;
-  // Every load of the slice's cached rows first, so their latencies overlap each other and the
-  // head work (the new row's value is read below, with q and k_new).
+  int t0 = split * KPB;
+  int n = min(KPB, pos + 1 - t0);  // keys of this chunk
+  // Every load of the first chunk's cached rows first, so their latencies overlap each other
+  // and the head work (the new row's value is read below, with q and k_new).
   uint4 kr[ITER], vr[ITER];
 #pragma unroll
   for (int u = 0; u < ITER; ++u) {
@@ -135,113 +141,176 @@ __device__ __forceinline__ void attention_step(
     for (int e = 0; e < D / 32; ++e) hs[j][lane + 32 * e] = rnd<T>(rot[e]);
   }
   __syncthreads();
-  if (hh == 0 && pos < t0 + KPB) {  // one block of the kv head stores the new row
+  // one block of the kv head stores the new row: its chunk's
+  if (hh == 0 && (WALK ? (filled - 1) % slices == split : pos < t0 + KPB)) {
     for (int d = tid; d < D; d += NT) {
       kc[(size_t)pos * D + d] = from_f<T>(hs[GB][d]);
       vc[(size_t)pos * D + d] = ld_new<CG>(v_new + kvh * D + d);
     }
   }
-  // Scores: the CH lanes of a key each take 8 dimensions; their sums meet through shuffles.
+  if (WALK && tid < GB) { stat[tid][0] = -omnia_inf(); stat[tid][1] = 0.f; }
+  // The block's share of the output, GB * D values over its threads: kept across chunks.
+  constexpr int AN = (GB * D + NT - 1) / NT;
+  float out_acc[AN];
 #pragma unroll
-  for (int u = 0; u < ITER; ++u) {
-    const int r = u * SLOTS + slot;
-    float kf[8];
-    if (t0 + r == pos) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) kf[e] = hs[GB][c * 8 + e];
-    } else {
-      unpack8<T>(kr[u], kf);
-    }
-    float sc[GB];
-#pragma unroll
-    for (int g = 0; g < GB; ++g) {
-      const float4 qa = *reinterpret_cast<const float4*>(&hs[g][c * 8]);
-      const float4 qb = *reinterpret_cast<const float4*>(&hs[g][c * 8 + 4]);
-      float a = qa.x * kf[0];
-      a = fmaf(qa.y, kf[1], a); a = fmaf(qa.z, kf[2], a); a = fmaf(qa.w, kf[3], a);
-      a = fmaf(qb.x, kf[4], a); a = fmaf(qb.y, kf[5], a); a = fmaf(qb.z, kf[6], a);
-      sc[g] = fmaf(qb.w, kf[7], a);
-    }
-#pragma unroll
-    for (int o = CH / 2; o > 0; o >>= 1) {
-#pragma unroll
-      for (int g = 0; g < GB; ++g) sc[g] += __shfl_xor_sync(0xFFFFFFFFu, sc[g], o);
-    }
-    if (c == 0 && r < n) {
-#pragma unroll
-      for (int g = 0; g < GB; ++g) p[g][r] = sc[g] * scale;
-    }
-  }
-  __syncthreads();
-  for (int g = warp; g < GB; g += NW) {
-    float m = -omnia_inf();
-    for (int i = lane; i < n; i += 32) m = fmaxf(m, p[g][i]);
-    m = warp_max(m);
-    float l = 0.f;
-    for (int i = lane; i < n; i += 32) {
-      const float e = __expf(p[g][i] - m);
-      p[g][i] = e;
-      l += e;
-    }
-    l = warp_sum(l);
-    if (lane == 0) { stat[g][0] = m; stat[g][1] = l; }
-  }
-  __syncthreads();
-  // Values: each thread accumulates its 8 dimensions over its keys, GH heads at a time (fewer
-  // registers); the slots of a warp meet through shuffles, the warps in `buf`.
-  constexpr int GH = GB < 4 ? GB : 4;
-  for (int g0 = 0; g0 < GB; g0 += GH) {
-    float o[GH][8];
-#pragma unroll
-    for (int g = 0; g < GH; ++g) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
-    }
+  for (int a = 0; a < AN; ++a) out_acc[a] = 0.f;
+  for (;;) {
+    const int t1 = WALK ? t0 + slices * KPB : 0;  // this slice's next chunk
+    const bool more = WALK && t1 <= pos;           // the same for every thread of the block
+    const int n1 = more ? min(KPB, pos + 1 - t1) : 0;
+    // Scores: the CH lanes of a key each take 8 dimensions; their sums meet through shuffles.
 #pragma unroll
     for (int u = 0; u < ITER; ++u) {
       const int r = u * SLOTS + slot;
-      if (r < n) {
-        float vf[8];
-        unpack8<T>(vr[u], vf);
+      float kf[8];
+      if (t0 + r == pos) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kf[e] = hs[GB][c * 8 + e];
+      } else {
+        unpack8<T>(kr[u], kf);
+      }
+      float sc[GB];
+#pragma unroll
+      for (int g = 0; g < GB; ++g) {
+        const float4 qa = *reinterpret_cast<const float4*>(&hs[g][c * 8]);
+        const float4 qb = *reinterpret_cast<const float4*>(&hs[g][c * 8 + 4]);
+        float a = qa.x * kf[0];
+        a = fmaf(qa.y, kf[1], a); a = fmaf(qa.z, kf[2], a); a = fmaf(qa.w, kf[3], a);
+        a = fmaf(qb.x, kf[4], a); a = fmaf(qb.y, kf[5], a); a = fmaf(qb.z, kf[6], a);
+        sc[g] = fmaf(qb.w, kf[7], a);
+      }
+#pragma unroll
+      for (int o = CH / 2; o > 0; o >>= 1) {
+#pragma unroll
+        for (int g = 0; g < GB; ++g) sc[g] += __shfl_xor_sync(0xFFFFFFFFu, sc[g], o);
+      }
+      if (c == 0 && r < n) {
+#pragma unroll
+        for (int g = 0; g < GB; ++g) p[g][r] = sc[g] * scale;
+      }
+    }
+    // the next chunk's keys are requested while this one's softmax and values run
+    if constexpr (WALK) {
+#pragma unroll
+      for (int u = 0; u < ITER; ++u) {
+        const int r = u * SLOTS + slot, t = t1 + r;
+        if (r < n1 && t != pos) kr[u] = reinterpret_cast<const uint4*>(kc + (size_t)t * D)[c];
+      }
+    }
+    __syncthreads();
+    // Softmax (WALK: against the running max m = max(old max, this chunk's); the old sum and
+    // output are rescaled by exp(old - m), 0 at the first chunk, the old max being -inf).
+    for (int g = warp; g < GB; g += NW) {
+      float m = WALK ? stat[g][0] : -omnia_inf();
+      for (int i = lane; i < n; i += 32) m = fmaxf(m, p[g][i]);
+      m = warp_max(m);
+      float l = 0.f;
+      for (int i = lane; i < n; i += 32) {
+        const float e = __expf(p[g][i] - m);
+        p[g][i] = e;
+        l += e;
+      }
+      l = warp_sum(l);
+      if (lane == 0) {
+        if constexpr (WALK) {
+          const float w = __expf(stat[g][0] - m);
+          rescale[g] = w;
+          l = fmaf(stat[g][1], w, l);
+        }
+        stat[g][0] = m;
+        stat[g][1] = l;
+      }
+    }
+    __syncthreads();
+    // Values: each thread accumulates its 8 dimensions over its keys, GH heads at a time (fewer
+    // registers); the slots of a warp meet through shuffles, the warps in `buf`.
+    constexpr int GH = GB < 4 ? GB : 4;
+    for (int g0 = 0; g0 < GB; g0 += GH) {
+      float o[GH][8];
+#pragma unroll
+      for (int g = 0; g < GH; ++g) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < ITER; ++u) {
+        const int r = u * SLOTS + slot;
+        if (r < n) {
+          float vf[8];
+          unpack8<T>(vr[u], vf);
+#pragma unroll
+          for (int g = 0; g < GH; ++g) {
+            const float pg = g0 + g < GB ? p[g0 + g][r] : 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pg, vf[e], o[g][e]);
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GH; ++g) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+#pragma unroll
+          for (int off = CH; off < 32; off <<= 1) o[g][e] += __shfl_xor_sync(0xFFFFFFFFu, o[g][e], off);
+        }
+      }
+      if (lane < CH) {
 #pragma unroll
         for (int g = 0; g < GH; ++g) {
-          const float pg = g0 + g < GB ? p[g0 + g][r] : 0.f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[g][e] = fmaf(pg, vf[e], o[g][e]);
+          if (g0 + g >= GB) continue;
+          float4* dst = reinterpret_cast<float4*>(&buf[(warp * GB + g0 + g) * D + c * 8]);
+          dst[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
+          dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
         }
       }
     }
+    // the next chunk's values, the new row's from v_new
+    if constexpr (WALK) {
 #pragma unroll
-    for (int g = 0; g < GH; ++g) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-#pragma unroll
-        for (int off = CH; off < 32; off <<= 1) o[g][e] += __shfl_xor_sync(0xFFFFFFFFu, o[g][e], off);
+      for (int u = 0; u < ITER; ++u) {
+        const int r = u * SLOTS + slot, t = t1 + r;
+        if (r < n1) {
+          vr[u] = t == pos ? ld_new<CG>(reinterpret_cast<const uint4*>(v_new + kvh * D) + c)
+                           : reinterpret_cast<const uint4*>(vc + (size_t)t * D)[c];
+        }
       }
     }
-    if (lane < CH) {
+    __syncthreads();
+    if constexpr (!WALK) {  // one chunk: the warps' sums are the slice's output
+      for (int i = tid; i < GB * D; i += NT) {
+        float s = 0.f;
 #pragma unroll
-      for (int g = 0; g < GH; ++g) {
-        if (g0 + g >= GB) continue;
-        float4* dst = reinterpret_cast<float4*>(&buf[(warp * GB + g0 + g) * D + c * 8]);
-        dst[0] = make_float4(o[g][0], o[g][1], o[g][2], o[g][3]);
-        dst[1] = make_float4(o[g][4], o[g][5], o[g][6], o[g][7]);
+        for (int w = 0; w < NW; ++w) s += buf[w * GB * D + i];
+        part_o[((size_t)split * H + kvh * G + hoff) * D + i] = s;
       }
+      break;
     }
+#pragma unroll
+    for (int a = 0; a < AN; ++a) {
+      const int i = tid + a * NT;
+      if (i >= GB * D) continue;
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) s += buf[w * GB * D + i];
+      out_acc[a] = fmaf(out_acc[a], rescale[i / D], s);
+    }
+    if (!more) break;
+    t0 = t1;
+    n = n1;
   }
-  __syncthreads();
-  for (int i = tid; i < GB * D; i += NT) {
-    float acc = 0.f;
+  if constexpr (WALK) {
 #pragma unroll
-    for (int w = 0; w < NW; ++w) acc += buf[w * GB * D + i];
-    part_o[((size_t)split * H + kvh * G + hoff) * D + i] = acc;
+    for (int a = 0; a < AN; ++a) {
+      const int i = tid + a * NT;
+      if (i < GB * D) part_o[((size_t)split * H + kvh * G + hoff) * D + i] = out_acc[a];
+    }
   }
   if (tid < GB) {
     part_ml[((size_t)split * H + kvh * G + hoff + tid) * 2] = stat[tid][0];
     part_ml[((size_t)split * H + kvh * G + hoff + tid) * 2 + 1] = stat[tid][1];
   }
   // The last block of this kv head to get here merges every slice.
-  const int active = (pos + KPB) / KPB;
+  const int active = WALK && filled > slices ? slices : (pos + KPB) / KPB;
   __threadfence();
   __syncthreads();
   if (tid == 0) {

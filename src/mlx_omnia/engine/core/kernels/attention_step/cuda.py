@@ -34,7 +34,7 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import (
 )
 from mlx_omnia.engine.core.kernels.qmv.cuda import spec_fits as qmv_fits
 
-MAX_SLICES = 640  # slices one merge can take (its weights sit in shared memory): 40960 rows
+MAX_SLICES = 128  # slices of a kv head at most: past that a slice walks several chunks of rows
 MAX_HEAD_SPLIT = 2  # blocks a slice's query heads can be split over (counters per kv head)
 THREADS = 128      # a block's threads (NT in the kernel)
 
@@ -66,14 +66,22 @@ class AttentionStepSpec:
         return keys_per_block(self.capacity)
 
     @property
+    def walks(self) -> bool:
+        """Past MAX_SLICES chunks of rows a slice walks several (an online softmax)."""
+        return self.capacity // self.keys_per_block > MAX_SLICES
+
+    @property
     def slices(self) -> int:
-        return self.capacity // self.keys_per_block
+        """Blocks of a kv head (and head split): a chunk of keys_per_block rows each, or
+        MAX_SLICES walking every MAX_SLICES-th chunk."""
+        return min(self.capacity // self.keys_per_block, MAX_SLICES)
 
     def tag(self) -> str:
         consts = hashlib.sha1(repr((self.scale, self.q_eps, self.k_eps)).encode()).hexdigest()[:8]
         return (
             f"{str(self.dtype).split('.')[-1]}_h{self.n_heads}_kv{self.n_kv_heads}"
-            f"_d{self.head_dim}_s{self.keys_per_block}{'_trad' if self.traditional else ''}"
+            f"_d{self.head_dim}_s{self.keys_per_block}{'w' if self.walks else ''}"
+            f"{'_trad' if self.traditional else ''}"
             f"{f'_hs{self.head_split}' if self.head_split != 1 else ''}_{consts}"
         )
 
@@ -100,7 +108,7 @@ def attention_call(spec: AttentionStepSpec, *, block: str = "blockIdx.x", cohere
     return render(
         "attention_step/attention_call.cu", T=CUDA_TYPES[spec.dtype], H=spec.n_heads,
         HKV=spec.n_kv_heads, D=spec.head_dim, KPB=spec.keys_per_block, QN=flag(qn), KN=flag(kn),
-        TRAD=flag(spec.traditional), CG=flag(coherent),
+        TRAD=flag(spec.traditional), WALK=flag(spec.walks), CG=flag(coherent),
         HS=trailing([str(spec.head_split)] if spec.head_split != 1 else []),
         **{name: n(name) for name in ("q", "k_new", "v_new", "inv_freq", "k_cache", "v_cache",
                                       "pos", "counters", "part_o", "part_ml", "out", "next_pos")},
@@ -162,8 +170,8 @@ def launcher(
 
 def spec_fits(spec: AttentionStepSpec) -> bool:
     """Geometry this kernel computes: head_dim 32, 64 or 128 (a row is a power of two of 16-byte
-    lane chunks), at most 8 query heads per kv head (shared memory), a capacity in whole slices
-    and at most MAX_SLICES of them."""
+    lane chunks), at most 8 query heads per kv head (shared memory), a capacity in whole chunks
+    (any number of them)."""
     return (
         spec.dtype in CUDA_TYPES
         and spec.head_dim in (32, 64, 128)
@@ -172,16 +180,16 @@ def spec_fits(spec: AttentionStepSpec) -> bool:
         and spec.head_split in range(1, MAX_HEAD_SPLIT + 1)
         and (spec.n_heads // spec.n_kv_heads) % spec.head_split == 0
         and spec.capacity % spec.keys_per_block == 0
-        and spec.slices <= MAX_SLICES
     )
 
 
 # -- q/k/v then attention, one launch -------------------------------------------------------
 def attention_smem(spec: AttentionStepSpec) -> int:
-    """Bytes of the attention device function's static shared memory (hs, p, stat, buf, last)."""
+    """Bytes of the attention device function's static shared memory (hs, p, stat, rescale,
+    buf, last)."""
     g, d, kpb = spec.n_heads // spec.n_kv_heads // spec.head_split, spec.head_dim, spec.keys_per_block
     buf = max(THREADS // 32 * g * d, g * MAX_SLICES)
-    return 4 * ((g + 1) * d + g * kpb + 2 * g + buf + 1)
+    return 4 * ((g + 1) * d + g * kpb + 3 * g + buf + 1)
 
 
 def attend_qkv_spec(qkv: QmvSpec) -> QmvSpec:
@@ -285,7 +293,8 @@ def rows_launcher(
     source = render(
         "attention_step/attention_rows.cu", T=CUDA_TYPES[spec.dtype], H=spec.n_heads,
         HKV=spec.n_kv_heads, D=spec.head_dim, KPB=spec.keys_per_block, QN=flag(qn), KN=flag(kn),
-        TRAD=flag(spec.traditional), HSN=spec.head_split, MAXHS=MAX_HEAD_SPLIT,
+        TRAD=flag(spec.traditional), WALK=flag(spec.walks), HSN=spec.head_split,
+        MAXHS=MAX_HEAD_SPLIT, MAX_SLICES=MAX_SLICES,
         HS=trailing([str(spec.head_split)] if spec.head_split != 1 else []),
         k_cache="k_cache", qw="qw" if qn else "nullptr", kw="kw" if kn else "nullptr",
         eps_q=f"{float(spec.q_eps or 0.0)!r}f", eps_k=f"{float(spec.k_eps or 0.0)!r}f",
