@@ -213,6 +213,25 @@ def build_all() -> None:
                            mx.zeros((1, kv, cap, d), dtype=dtype), mx.zeros((1, kv, cap, d), dtype=dtype),
                            mx.zeros((), dtype=mx.int32), mx.zeros((kv,), dtype=mx.int32)]
                 attention_launcher(spec, (1, 1))(inputs)
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import CodesSpec, codes_fits, codes_launcher
+
+    for dtype in (mx.bfloat16, mx.float16):
+        for (h, kv, d), (bits, group) in itertools.product(
+            ((32, 8, 128), (32, 4, 128), (16, 2, 64), (8, 8, 64)), ((8, 64), (4, 64), (8, 32), (4, 32), (8, 128))
+        ):
+            for cap, hs in itertools.product((256, 2304, 16384), (1, 2)):
+                codes = CodesSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d, capacity=cap,
+                                  scale=d**-0.5, bits=bits, group_size=group, head_split=hs)
+                if not codes_fits(codes):
+                    continue
+                words, groups = d * bits // 32, d // group
+                parts = [mx.zeros((1, kv, cap, words), dtype=mx.uint32),
+                         mx.zeros((1, kv, cap, groups), dtype=dtype),
+                         mx.zeros((1, kv, cap, groups), dtype=dtype)]
+                codes_launcher(codes)(
+                    [mx.zeros((1, h, 1, d), dtype=dtype), *parts, *parts,
+                     mx.zeros((4,), dtype=mx.int32), mx.zeros((kv * 2,), dtype=mx.int32)],
+                    mx.zeros((4,), dtype=mx.float32))
     build_moe()
     build_project_route()
     build_route_experts()

@@ -17,7 +17,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_omnia.engine.core.cache import BatchRows, KVCache, StaticKVCache
+from mlx_omnia.engine.core.cache import (
+    PARTS,
+    BatchRows,
+    KVCache,
+    KVFormat,
+    StaticKVCache,
+    StaticQuantizedKVCache,
+)
 from mlx_omnia.engine.core.kernels import cuda_backend
 from mlx_omnia.engine.core.kernels.qmv import linear_spec, projections_spec
 from mlx_omnia.engine.core.kernels.qmv.cuda import CANDIDATES, Launch, launcher
@@ -522,6 +529,117 @@ def test_attention_rows_long_caches_give_each_rows_own_bits(case: str) -> None:
             assert mx.array_equal(keys[b : b + 1, :, :n], singles[b].state["keys"][..., :n, :])
         ref_keys, ref_values = theirs.keys, theirs.values
         offsets = offsets + 1
+
+
+def quantized_cache(prefix: int, kv_heads: int, d: int, dtype: mx.Dtype, fmt: KVFormat,
+                    seed: int) -> StaticQuantizedKVCache:
+    """A static quantized cache of `prefix` random rows, capacity rounded up to 256 rows."""
+    mx.random.seed(seed)
+    capacity = -(-prefix // 256) * 256
+    keys = mx.random.normal((1, kv_heads, capacity, d)).astype(dtype)
+    values = mx.random.normal((1, kv_heads, capacity, d)).astype(dtype)
+    parts = (*fmt.quantize(keys), *fmt.quantize(values))
+    mx.eval(parts)
+    return StaticQuantizedKVCache(fmt, parts, prefix)
+
+
+def float32_attention(q: mx.array, cache: StaticQuantizedKVCache, n: int, scale: float) -> mx.array:
+    """softmax(q . K^T * scale) . V over the first n rows dequantized, all in float32 (q [1, H,
+    1, D]; GQA by repeating the kv heads)."""
+    fmt = cache.format
+    rows = [cache.state[name][:, :, :n] for name in PARTS]
+    keys = mx.dequantize(*rows[:3], group_size=fmt.group_size, bits=fmt.bits).astype(mx.float32)
+    values = mx.dequantize(*rows[3:], group_size=fmt.group_size, bits=fmt.bits).astype(mx.float32)
+    repeats = q.shape[1] // keys.shape[1]
+    keys, values = mx.repeat(keys, repeats, axis=1), mx.repeat(values, repeats, axis=1)
+    scores = (q.astype(mx.float32) @ keys.swapaxes(-1, -2)) * scale
+    return mx.softmax(scores, axis=-1) @ values
+
+
+CODES_FORMATS = [(8, 64), (4, 64), (8, 32), (4, 32), (8, 128)]
+
+
+CODES_CASES = [(case, bits, group) for case in ("qwen3", "gqa8 traditional", "mha")
+               for bits, group in CODES_FORMATS
+               if ATTENTION_CASES[case]["head_dim"] % group == 0]
+
+
+@pytest.mark.parametrize(("case", "bits", "group"), CODES_CASES)
+@pytest.mark.parametrize("length", [1, 2048, 16384, 65536])
+def test_attention_codes_match_float32_attention(case: str, bits: int, group: int,
+                                                 length: int) -> None:
+    """The launch reading a quantized cache's codes (both head splits where the group is even)
+    against float32 attention over the dequantized rows, element-wise, at 1 to 64k rows (past
+    MAX_SLICES chunks a slice walks)."""
+    from mlx_omnia.engine.core.kernels import launch_scratch
+    from mlx_omnia.engine.core.kernels.attention_step.cuda import (
+        CodesSpec,
+        codes_fits,
+        codes_launcher,
+        partials_bytes,
+    )
+
+    c = ATTENTION_CASES[case]
+    h, hkv, d = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+    dtype, fmt, scale = mx.bfloat16, KVFormat(bits, group), d**-0.5
+    cache = quantized_cache(length, hkv, d, dtype, fmt, length)
+    q = (2 * mx.random.normal((1, h, 1, d))).astype(dtype)
+    want = float32_attention(q, cache, length, scale)
+    scratch = launch_scratch(partials_bytes(h, d))
+    splits = [1, 2] if (h // hkv) % 2 == 0 else [1]
+    for hs in splits:
+        spec = CodesSpec(dtype=dtype, n_heads=h, n_kv_heads=hkv, head_dim=d,
+                         capacity=cache.capacity, scale=scale, bits=bits, group_size=group,
+                         head_split=hs)
+        assert codes_fits(spec)
+        counters = mx.zeros((hkv * 2 + 4,), dtype=mx.int32)
+        parts = [cache.state[name] for name in PARTS]
+        got = codes_launcher(spec)([q, *parts, cache.state["offset"], counters], scratch)
+        mx.eval(got)
+        assert got.shape == (1, 1, h * d)
+        assert rel_err(mx.reshape(got, want.shape), want) <= 4 * ULP[dtype], (hs, spec.tag())
+        assert not mx.any(counters).item()  # the last block of each kv head reset its counter
+
+
+@pytest.mark.parametrize("case", ["qwen3", "gqa8 traditional"])
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("prefix", [1, 700, 9000])
+def test_attention_step_on_a_quantized_cache_reads_the_codes(case: str, bits: int,
+                                                              prefix: int) -> None:
+    """AttentionStep's binding on a StaticQuantizedKVCache: the core's norms, rope and append,
+    then the codes launch: equal caches to the core's, step after step, and the output within
+    bf16 rounding of float32 attention over the dequantized rows."""
+    c = ATTENTION_CASES[case]
+    h, hkv, d = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+    dtype, fmt = mx.bfloat16, KVFormat(bits, 64)
+    norms = c["norms"]
+    att = AttentionStep(n_heads=h, n_kv_heads=hkv, head_dim=d,
+                        q_norm=make_norm(d, dtype) if norms else None,
+                        k_norm=make_norm(d, dtype) if norms else None,
+                        rope=Rope(d, **c["rope"]))  # type: ignore[arg-type]
+    assert att.bind() == "attention_step_cuda"
+    mine, theirs = (quantized_cache(prefix, hkv, d, dtype, fmt, prefix) for _ in range(2))
+    wanted: list[mx.array] = []
+
+    def reference_attend(q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
+        cache.update_and_fetch_quantized(k, v)
+        wanted.append(float32_attention(q, cache, prefix + len(wanted) + 1, att.scale))
+        return wanted[-1].astype(q.dtype)
+
+    reference = att.reference_project(reference_attend)
+    for step in range(3):
+        for cache in (mine, theirs):
+            cache.reserve(prefix + step + 1)
+        q = (2 * mx.random.normal((1, 1, h * d))).astype(dtype)
+        k = (2 * mx.random.normal((1, 1, hkv * d))).astype(dtype)
+        v = mx.random.normal((1, 1, hkv * d)).astype(dtype)
+        got = att(q, k, v, mine)
+        reference(q, k, v, theirs)
+        want = mx.reshape(wanted[-1].swapaxes(1, 2), (1, 1, h * d))
+        mx.eval(got, want, mine.state, theirs.state)
+        assert rel_err(got, want) <= 4 * ULP[dtype], step
+        for name in (*PARTS, "offset"):
+            assert mx.array_equal(mine.state[name], theirs.state[name]), (step, name)
 
 
 @pytest.mark.parametrize(("family", "quantize"), [

@@ -385,9 +385,14 @@ class AttentionStep(Declaration):
     def reference(self) -> Callable[..., mx.array]:
         return self.reference_project()
 
-    def reference_project(self) -> Callable[..., mx.array]:
-        """The core attention of flat projections: the ops a family would write itself."""
+    def reference_project(
+        self, attend: Callable[..., mx.array] | None = None
+    ) -> Callable[..., mx.array]:
+        """The core attention of flat projections: the ops a family would write itself.
+        `attend`: what attends the normed and rotated heads (q [B, H, L, D], k, v, cache), in
+        place of the core's (a kernel's, handing the core anything it does not compute)."""
         heads, kv_heads, dims, vdims = self.n_heads, self.n_kv_heads, self.head_dim, self.value_dim
+        attend_heads = attend if attend is not None else self._attend
 
         def project(
             q: mx.array, k: mx.array, v: mx.array, cache: KVCache | StaticKVCache | None
@@ -405,10 +410,14 @@ class AttentionStep(Declaration):
                 offset = cache.offset if cache is not None else 0
                 q = self.rope(q, offset)  # pyright: ignore[reportArgumentType]  # array offsets too
                 k = self.rope(k, offset)  # pyright: ignore[reportArgumentType]
-            out = self._attend(q, k, v, cache)
+            out = attend_heads(q, k, v, cache)
             return reshape(out.swapaxes(1, 2), b, length, heads * vdims)
 
         return project
+
+    def core_attend(self) -> Callable[..., mx.array]:
+        """The core's attention of normed and rotated heads (what reference_project calls)."""
+        return self._attend
 
     def _core_attend(self) -> Callable[..., mx.array]:
         scale, softcap = self.scale, self.softcap

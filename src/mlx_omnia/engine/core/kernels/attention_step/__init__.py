@@ -12,12 +12,15 @@ import mlx.core as mx
 import numpy as np
 
 from mlx_omnia.engine.core.binding import register
-from mlx_omnia.engine.core.cache import BatchRows, StaticKVCache
+from mlx_omnia.engine.core.cache import PARTS, BatchRows, StaticKVCache, StaticQuantizedKVCache
 from mlx_omnia.engine.core.kernels import CudaKernel, launch_counters, launch_scratch
 from mlx_omnia.engine.core.kernels.attention_step.cuda import (
     MAX_BATCH_ROWS,
     MAX_HEAD_SPLIT,
     AttentionStepSpec,
+    CodesSpec,
+    codes_fits,
+    codes_launcher,
     launcher,
     partials_bytes,
     project_attend_fits,
@@ -105,10 +108,13 @@ class AttentionStepKernel(CudaKernel[AttentionStep]):
         # the same for a batch's rows: one set per row
         row_counters = launch_counters(MAX_BATCH_ROWS * decl.n_kv_heads * MAX_HEAD_SPLIT)
         evaluate(row_counters)
+        codes = codes_project(decl, scratch)
 
         def project(q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
             if isinstance(cache, BatchRows):
                 return batch_rows(q, k, v, cache)
+            if isinstance(cache, StaticQuantizedKVCache):
+                return codes(q, k, v, cache)
             if (
                 not isinstance(cache, StaticKVCache)
                 or q.shape[:2] != (1, 1)
@@ -153,6 +159,46 @@ class AttentionStepKernel(CudaKernel[AttentionStep]):
             return out
 
         return project
+
+
+def codes_spec(decl: AttentionStep, q: mx.array, cache: StaticQuantizedKVCache) -> CodesSpec:
+    """The codes launch's geometry: the query heads of a slice split over two blocks wherever
+    the group is even (as attention_spec)."""
+    spec = CodesSpec(
+        dtype=q.dtype, n_heads=decl.n_heads, n_kv_heads=decl.n_kv_heads, head_dim=decl.head_dim,
+        capacity=cache.capacity, scale=decl.scale, bits=cache.format.bits,
+        group_size=cache.format.group_size,
+    )
+    split = replace(spec, head_split=2)
+    return split if codes_fits(split) else spec
+
+
+def codes_project(decl: AttentionStep, scratch: mx.array) -> Callable[..., mx.array]:
+    """One token on a StaticQuantizedKVCache: the core's head norms, rope and append of the
+    quantized row, then one launch attending over the codes (attention_codes.cuh) instead of
+    the core's two quantized matmuls; anything else is the core's."""
+    core = decl.core_attend()
+    counters = launch_counters(decl.n_kv_heads * MAX_HEAD_SPLIT)
+    evaluate(counters)
+
+    def attend(q: mx.array, k: mx.array, v: mx.array, cache: Any) -> mx.array:
+        if (
+            not isinstance(cache, StaticQuantizedKVCache)
+            or q.shape[0] != 1 or q.shape[2] != 1
+            or q.dtype not in CUDA_TYPES
+            or cache.state["keys_scales"].dtype != q.dtype
+        ):
+            return core(q, k, v, cache)
+        spec = codes_spec(decl, q, cache)
+        if not codes_fits(spec):
+            return core(q, k, v, cache)
+        cache.update_and_fetch_quantized(k, v)
+        state = cache.state
+        parts = [state[name] for name in PARTS]
+        out = codes_launcher(spec)([q, *parts, state["offset"], counters], scratch)
+        return mx.reshape(out, q.shape)
+
+    return decl.reference_project(attend)
 
 
 def cache_inputs(decl: AttentionStep, inv_freq: mx.array, cache: StaticKVCache) -> list[mx.array]:

@@ -312,3 +312,95 @@ def rows_launcher(
         return outs[0]
 
     return call
+
+
+# -- a quantized cache: attention reading the codes -------------------------------------------
+CODES_DEVICE = header(render("attention_step/attention_codes.cuh", MAX_SLICES=MAX_SLICES))
+CODES_HEADER = HEADER + CODES_DEVICE
+CODES_BITS = (4, 8)
+
+
+@dataclass(frozen=True)
+class CodesSpec:
+    """Decode attention over an affine-quantized cache (KVFormat: `bits`, `group_size`)."""
+
+    dtype: mx.Dtype
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    capacity: int
+    scale: float
+    bits: int
+    group_size: int
+    head_split: int = 1
+
+    @property
+    def lanes(self) -> int:
+        """Lanes of a row: one 16-byte word of codes (128 / bits dimensions) each."""
+        return self.head_dim * self.bits // 128
+
+    @property
+    def keys_per_block(self) -> int:
+        """Rows a chunk: keys_per_block(capacity), at least a block's rows at once."""
+        return max(keys_per_block(self.capacity), THREADS // max(self.lanes, 1))
+
+    @property
+    def walks(self) -> bool:
+        return self.capacity // self.keys_per_block > MAX_SLICES
+
+    @property
+    def slices(self) -> int:
+        return min(self.capacity // self.keys_per_block, MAX_SLICES)
+
+    def tag(self) -> str:
+        consts = hashlib.sha1(repr(self.scale).encode()).hexdigest()[:8]
+        return (
+            f"{str(self.dtype).split('.')[-1]}_h{self.n_heads}_kv{self.n_kv_heads}"
+            f"_d{self.head_dim}_q{self.bits}g{self.group_size}_s{self.keys_per_block}"
+            f"{'w' if self.walks else ''}_hs{self.head_split}_{consts}"
+        )
+
+
+def codes_fits(spec: CodesSpec) -> bool:
+    """What attention_codes computes: 8 or 4 bits, a lane's 128 / bits dimensions inside one
+    group, head_dim 64 or 128 (1 to 8 lanes a row), at most 8 query heads per kv head, a
+    capacity in whole chunks."""
+    lane_dims = 128 // spec.bits if spec.bits in CODES_BITS else 0
+    return (
+        spec.dtype in CUDA_TYPES
+        and spec.bits in CODES_BITS
+        and spec.head_dim in (64, 128)
+        and spec.group_size % lane_dims == 0
+        and spec.head_dim % spec.group_size == 0
+        and spec.n_heads % spec.n_kv_heads == 0
+        and spec.n_heads // spec.n_kv_heads <= 8
+        and spec.head_split in range(1, MAX_HEAD_SPLIT + 1)
+        and (spec.n_heads // spec.n_kv_heads) % spec.head_split == 0
+        and spec.capacity % spec.keys_per_block == 0
+    )
+
+
+@cache
+def codes_launcher(spec: CodesSpec) -> Callable[..., mx.array]:
+    """(q [1, 1, H*D] after norms and rope, keys' codes, scales, biases, values' codes, scales,
+    biases [1, Hkv, capacity, *], the filled rows' count [OFFSET_SLOTS], counters, scratch)
+    -> the attention output [1, 1, H*D]; the partials go to the scratch."""
+    source = render(
+        "attention_step/attention_codes.cu", T=CUDA_TYPES[spec.dtype], H=spec.n_heads,
+        HKV=spec.n_kv_heads, D=spec.head_dim, BITS=spec.bits, GS=spec.group_size,
+        KPB=spec.keys_per_block, WALK=flag(spec.walks), HS=spec.head_split,
+        PART_ML=MAX_SLICES * spec.n_heads * spec.head_dim, scale=f"{float(spec.scale)!r}f",
+    )
+    names = ("q", "k_codes", "k_scales", "k_biases", "v_codes", "v_scales", "v_biases", "pos",
+             "counters", "scratch")
+    kernel = cuda_kernel(f"omnia_attention_codes_{spec.tag()}", names, ("out",), source,
+                         CODES_HEADER)
+    shape = (1, 1, spec.n_heads * spec.head_dim)
+    grid = (spec.n_kv_heads * spec.head_split * spec.slices * THREADS, 1, 1)
+
+    def call(inputs: list[mx.array], scratch: mx.array) -> mx.array:
+        outs: Any = kernel(inputs=[*inputs, scratch], output_shapes=[shape],
+                           output_dtypes=[spec.dtype], grid=grid, threadgroup=(THREADS, 1, 1))
+        return outs[0]
+
+    return call
