@@ -40,12 +40,13 @@ case $what in
       constrained_bench --model qwen3-30b-a3b --quantize 4 --prequantize "$@"
     fi ;;
   concurrency|agent-replay)
-    # Qwen3-4B 4-bit unless --model is given (Qwen3-30B-A3B: --model qwen3-30b-a3b --quantize 4)
-    # (results files of these kinds are not yet read by results_file.py: JSON under $OUT)
+    # Qwen3-4B 4-bit unless --model is given (Qwen3-30B-A3B: --model qwen3-30b-a3b --quantize 4);
+    # each result under $OUT/bench-results (results_file.py tables both kinds)
     model=(--model qwen3-4b --quantize 4)
     [[ $what == concurrency ]] && model+=(--prequantize)
     if [[ " $* " == *" --model "* ]]; then model=(); fi
     timeout "${T:-290}" python3 -m mlx_omnia.bench.main "$what" --json "$OUT/$what.json" \
-      "${model[@]}" "$@" 2>&1 | grep -v '^\[omnia-bench\] run ' | tee -a "$OUT/bench.txt" ;;
+      --results "$OUT/bench-results" "${model[@]}" "$@" 2>&1 | grep -v '^\[omnia-bench\] run ' \
+      | tee -a "$OUT/bench.txt" ;;
   *) echo "unknown: $what (dense, moe, paired, constrained, concurrency or agent-replay)"; exit 2 ;;
 esac
