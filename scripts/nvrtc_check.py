@@ -199,7 +199,7 @@ def build_all() -> None:
     for dtype in (mx.bfloat16, mx.float16):
         for h, kv, d, qk in ((32, 8, 128, True), (32, 8, 64, False), (8, 8, 128, False),
                              (16, 2, 64, True), (8, 4, 32, True), (9, 3, 64, False)):
-            for cap, hs in itertools.product((256, 2304, 8192, 16384), (1, 2)):
+            for cap, hs in itertools.product((256, 2304, 8192, 49152), (1, 2)):
                 spec = AttentionStepSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d,
                                          capacity=cap, scale=d**-0.5, q_eps=1e-6 if qk else None,
                                          k_eps=1e-6 if qk else None, head_split=hs)
@@ -219,7 +219,7 @@ def build_all() -> None:
         for (h, kv, d), (bits, group) in itertools.product(
             ((32, 8, 128), (32, 4, 128), (16, 2, 64), (8, 8, 64)), ((8, 64), (4, 64), (8, 32), (4, 32), (8, 128))
         ):
-            for cap, hs in itertools.product((256, 2304, 16384), (1, 2)):
+            for cap, hs in itertools.product((256, 2304, 49152), (1, 2)):
                 codes = CodesSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d, capacity=cap,
                                   scale=d**-0.5, bits=bits, group_size=group, head_split=hs)
                 if not codes_fits(codes):
@@ -395,7 +395,7 @@ def build_project_attend() -> None:
         for bits, group in ((None, None), (4, 64), (8, 64), (4, 32)):
             # qwen3-4b, qwen3-30b-a3b, a small test shape
             for k, h, kv, d in ((2560, 32, 8, 128), (2048, 32, 4, 128), (256, 4, 2, 64)):
-                for cap, hs in itertools.product((256, 2304, 16384), (1, 2)):
+                for cap, hs in itertools.product((256, 2304, 49152), (1, 2)):
                     qkv = QmvSpec(dtype=dtype, k=k, rows=(h * d, kv * d, kv * d), bits=bits,
                                   group_size=group, norm_eps=1e-6)
                     spec = AttentionStepSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d,
@@ -455,7 +455,7 @@ def build_rows() -> None:
                     inputs.append(mx.zeros((rows, 1, spec.rows[0]), dtype=dtype))
                 qmv_rows(spec, (rows, 1))(inputs)
         for h, kv, d, qk in ((32, 8, 128, True), (32, 8, 64, False), (16, 2, 64, True)):
-            for cap, hs in itertools.product((256, 2304, 16384), (1, 2)):
+            for cap, hs in itertools.product((256, 2304, 49152), (1, 2)):
                 att = AttentionStepSpec(dtype=dtype, n_heads=h, n_kv_heads=kv, head_dim=d,
                                         capacity=cap, scale=d**-0.5, q_eps=1e-6 if qk else None,
                                         k_eps=1e-6 if qk else None, head_split=hs)

@@ -34,7 +34,7 @@ from mlx_omnia.engine.core.kernels.qmv.cuda import (
 )
 from mlx_omnia.engine.core.kernels.qmv.cuda import spec_fits as qmv_fits
 
-MAX_SLICES = 128  # slices of a kv head at most: past that a slice walks several chunks of rows
+MAX_SLICES = 640  # slices of a kv head at most (40,960 rows of 64): past that a slice walks chunks
 MAX_HEAD_SPLIT = 2  # blocks a slice's query heads can be split over (counters per kv head)
 THREADS = 128      # a block's threads (NT in the kernel)
 
