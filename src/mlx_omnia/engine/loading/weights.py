@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -123,6 +123,7 @@ def declare_quantization(
 
     Bits and group size come from the config (with per-layer overrides, as mlx-community
     publishes them) and must agree with the tensor shapes."""
+    layer_spec = _layer_specs(quantization or {})
     for path, module in named_modules(network):
         if not isinstance(module, Linear | Embedding | ExpertLinear) or f"{path}.scales" not in weights:
             continue
@@ -131,7 +132,7 @@ def declare_quantization(
         group_size = in_dims // scales.shape[-1]
         bits = w.shape[-1] * 32 // in_dims
         if quantization is not None:
-            spec: Any = quantization.get(path, quantization)
+            spec: Any = layer_spec(path)
             if isinstance(spec, Mapping):
                 spec = cast(Mapping[str, Any], spec)
                 want = (int(spec.get("bits", bits)), int(spec.get("group_size", group_size)))
@@ -144,6 +145,25 @@ def declare_quantization(
             module.to_quantized(bits=bits, group_size=group_size, mode="mxfp4")
         else:
             module.to_quantized(bits=bits, group_size=group_size)
+
+
+def _layer_specs(quantization: Mapping[str, Any]) -> Callable[[str], Any]:
+    """The config's entry for the layer at a path of the network: under that path, or else under
+    the one longer path that ends with it, where the checkpoint's module tree wraps the network
+    (mlx-lm's image-text models: `language_model.model.layers.0.mlp.gate`); else the defaults."""
+    wrapped: dict[str, list[str]] = {}
+    for key in quantization:
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            wrapped.setdefault(".".join(parts[i:]), []).append(key)
+
+    def spec(path: str) -> Any:
+        if path in quantization:
+            return quantization[path]
+        keys = wrapped.get(path, [])
+        return quantization[keys[0]] if len(keys) == 1 else quantization
+
+    return spec
 
 
 def load_strict(network: nn.Module, weights: Mapping[str, mx.array]) -> None:
