@@ -1,7 +1,8 @@
 """The recurrent declarations (core/recurrent.py) against float64 numpy written from their
 definitions: ShortConv's causal depthwise convolution and the gated delta rule, stepwise and
 chunked (chunks that do not divide the sequence, several calls continuing one state, grouped
-key heads), and the compiled decode step's static state."""
+key heads), Mamba-2's and Mamba-1's selective scans likewise, and the compiled decode step's
+static state."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_omnia.engine.core.recurrent import GatedDeltaRule, SelectiveScan, ShortConv
+from mlx_omnia.engine.core.recurrent import (
+    DiagonalSelectiveScan,
+    GatedDeltaRule,
+    SelectiveScan,
+    ShortConv,
+)
 from mlx_omnia.engine.core.state import RecurrentState, StaticRecurrentState
 
 
@@ -144,3 +150,61 @@ def test_selective_scan_equals_the_stepwise_definition(
     want, s = scan_reference(_np(x), _np(dt), _np(a), _np(bb), _np(cc), _np(d))
     np.testing.assert_allclose(_np(out), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(_np(state.arrays["ssm"]), s, rtol=1e-4, atol=1e-4)
+
+
+def diagonal_scan_reference(
+    x: np.ndarray, dt: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray,
+    s: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mamba-1's recurrence token by token, float64: a state row per channel, A [C, N]."""
+    y = np.zeros(x.shape)
+    for t in range(x.shape[1]):
+        s = (np.exp(dt[:, t, :, None] * a) * s
+             + (dt[:, t] * x[:, t])[:, :, None] * b[:, t, None, :])
+        y[:, t] = np.einsum("bcn,bn->bc", s, c[:, t]) + d * x[:, t]
+    return y, s
+
+
+@pytest.mark.parametrize(("chunk", "splits"), [(64, (50,)), (16, (1, 33, 34)), (8, ()), (5, (2, 3, 61))])
+def test_diagonal_selective_scan_equals_the_stepwise_definition(
+    chunk: int, splits: tuple[int, ...]
+) -> None:
+    """Chunks of 64, 16, 8 and 5 (the last ones partial), continued over calls of 1 to 56 tokens,
+    from a carried state (one call of 50, then 40) and from a given one."""
+    b, length, channels, n = 2, 90, 12, 16
+    keys = mx.random.split(mx.random.key(13), 7)
+    x = mx.random.normal((b, length, channels), key=keys[0])
+    dt = mx.random.uniform(0.01, 0.5, (b, length, channels), key=keys[1])
+    a = -mx.exp(mx.random.uniform(-1.0, 2.5, (channels, n), key=keys[2]))  # decays 0.37 to 12
+    bb = mx.random.normal((b, length, n), key=keys[3])
+    cc = mx.random.normal((b, length, n), key=keys[4])
+    d = mx.random.normal((channels,), key=keys[5])
+    start = mx.random.normal((b, channels, n), key=keys[6])
+    scan = DiagonalSelectiveScan(channels=channels, state_size=n, chunk=chunk)
+    state = RecurrentState(("ssm",))
+    state.put("ssm", start)
+    bounds = [0, *splits, length]
+    out = mx.concatenate(
+        [scan(x[:, i:j], dt[:, i:j], a, bb[:, i:j], cc[:, i:j], d, state)
+         for i, j in itertools.pairwise(bounds)],
+        axis=1,
+    )
+    want, s = diagonal_scan_reference(_np(x), _np(dt), _np(a), _np(bb), _np(cc), _np(d), _np(start))
+    np.testing.assert_allclose(_np(out), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_np(state.arrays["ssm"]), s, rtol=1e-4, atol=1e-4)
+    fresh, _ = diagonal_scan_reference(
+        _np(x), _np(dt), _np(a), _np(bb), _np(cc), _np(d), np.zeros((b, channels, n))
+    )
+    np.testing.assert_allclose(_np(scan(x, dt, a, bb, cc, d, None)), fresh, rtol=1e-4, atol=1e-4)
+
+
+def test_diagonal_selective_scan_keeps_the_input_dtype_and_a_float32_state() -> None:
+    scan = DiagonalSelectiveScan(channels=4, state_size=8, chunk=4)
+    keys = mx.random.split(mx.random.key(17), 3)
+    x = mx.random.normal((1, 7, 4), key=keys[0]).astype(mx.bfloat16)
+    dt = mx.full((1, 7, 4), 0.1, dtype=mx.bfloat16)
+    bc = mx.random.normal((1, 7, 8), key=keys[1]).astype(mx.bfloat16)
+    state = RecurrentState(("ssm",))
+    y = scan(x, dt, -mx.ones((4, 8)), bc, bc, mx.ones((4,)), state)
+    assert y.dtype == mx.bfloat16 and y.shape == (1, 7, 4)
+    assert state.arrays["ssm"].dtype == mx.float32 and state.arrays["ssm"].shape == (1, 4, 8)

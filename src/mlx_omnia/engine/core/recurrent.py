@@ -299,3 +299,93 @@ class SelectiveScan(Declaration):
         state: State | None,
     ) -> mx.array:
         return self._bound(x, dt, a, b, c, d, state)
+
+
+class DiagonalSelectiveScan(Declaration):
+    """Mamba-1's selective scan: each of `channels` channels c has a state row S_c [state_size]
+    (float32) with decays of its own, A [channels, state_size] (< 0), and a step size dt_c a
+    token; B and C [state_size] come a token, shared by every channel. Token by token:
+
+        S_c <- exp(dt_c A_c) * S_c + dt_c x_c B      (* elementwise over the state)
+        y_c  = S_c . C + D_c x_c
+
+    One token is that step. A longer call runs in chunks of `chunk` tokens: the carried state
+    is folded into the chunk's first input, then the recurrence h_t = a_t h_{t-1} + u_t with
+    (a_t, u_t) = (exp(dt_t A), dt_t x_t B) runs as a parallel scan (neighbours combined pairwise,
+    2 log2(chunk) rounds of elementwise products): every decay a product of factors in (0, 1],
+    so no exponent grows; equal up to rounding. Inputs x and dt [B, L, channels] (dt after its
+    softplus), A [channels, state_size], B and C [B, L, state_size], D [channels]; the output
+    [B, L, channels] in x's dtype. The state is `name` in the layer's RecurrentState."""
+
+    def __init__(self, *, channels: int, state_size: int, chunk: int = 128, name: str = "ssm") -> None:
+        super().__init__()
+        self.channels, self.state_size = channels, state_size
+        self.chunk = chunk
+        self.name = name
+        self._bound: Callable[..., mx.array] = self.reference()
+
+    def reference(self) -> Callable[..., mx.array]:
+        def scan(
+            x: mx.array, dt: mx.array, a: mx.array, b: mx.array, c: mx.array, d: mx.array,
+            state: State | None,
+        ) -> mx.array:
+            batch, length, _ = x.shape
+            f32 = mx.float32
+            xf, dtf, bf, cf = (t.astype(f32) for t in (x, dt, b, c))
+            af = a.astype(f32)
+            s = state.get(self.name) if state is not None else None
+            if s is None:
+                s = mx.zeros((batch, self.channels, self.state_size), f32)
+            if length == 1:
+                s = (mx.exp(dtf[:, 0, :, None] * af) * s
+                     + (dtf[:, 0] * xf[:, 0])[:, :, None] * bf[:, 0, None, :])
+                y = (s @ cf[:, 0, :, None])[..., 0][:, None]
+            else:
+                y, s = self._chunked(xf, dtf, af, bf, cf, s)
+            if state is not None:
+                state.put(self.name, s)
+            return (y + d.astype(f32) * xf).astype(x.dtype)
+
+        return scan
+
+    def _chunked(
+        self, x: mx.array, dt: mx.array, a: mx.array, b: mx.array, c: mx.array, s: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """x, dt [B, L, C], a [C, N], b, c [B, L, N], s [B, C, N] (all float32)."""
+        outs: list[mx.array] = []
+        for start in range(0, x.shape[1], self.chunk):
+            end = min(start + self.chunk, x.shape[1])
+            step = dt[:, start:end, :, None]  # [B, n, C, 1]
+            decay = mx.exp(step * a)  # a_t [B, n, C, N]
+            inputs = (step * x[:, start:end, :, None]) * b[:, start:end, None, :]  # u_t
+            inputs = mx.concatenate([inputs[:, :1] + decay[:, :1] * s[:, None], inputs[:, 1:]], 1)
+            states = _linear_scan(decay, inputs)  # h_t [B, n, C, N]
+            outs.append((states @ c[:, start:end, :, None])[..., 0])
+            s = states[:, -1]
+        return mx.concatenate(outs, axis=1), s
+
+    def __call__(
+        self, x: mx.array, dt: mx.array, a: mx.array, b: mx.array, c: mx.array, d: mx.array,
+        state: State | None,
+    ) -> mx.array:
+        return self._bound(x, dt, a, b, c, d, state)
+
+
+def _linear_scan(decay: mx.array, inputs: mx.array) -> mx.array:
+    """h_t = decay_t * h_{t-1} + inputs_t along axis 1, from h_{-1} = 0, as a work-efficient
+    parallel scan: pairs of neighbours (2k, 2k+1) combine into one step (decay_{2k+1} decay_2k,
+    decay_{2k+1} inputs_2k + inputs_{2k+1}), the half-length recurrence gives h at the odd
+    tokens, and each even token is one step on from the odd one before it. About twice the
+    sequential work, 2 log2(length) rounds."""
+    length = decay.shape[1]
+    if length == 1:
+        return inputs
+    if length % 2:  # a last step that keeps h as it is: decay 1, input 0
+        decay = mx.concatenate([decay, mx.ones_like(decay[:, :1])], axis=1)
+        inputs = mx.concatenate([inputs, mx.zeros_like(inputs[:, :1])], axis=1)
+    pairs = (decay.shape[0], decay.shape[1] // 2, 2, *decay.shape[2:])
+    a, u = reshape(decay, *pairs), reshape(inputs, *pairs)
+    a_even, a_odd, u_even, u_odd = a[:, :, 0], a[:, :, 1], u[:, :, 0], u[:, :, 1]
+    odd = _linear_scan(a_odd * a_even, a_odd * u_even + u_odd)
+    even = mx.concatenate([u_even[:, :1], u_even[:, 1:] + a_even[:, 1:] * odd[:, :-1]], axis=1)
+    return reshape(mx.stack([even, odd], axis=2), *decay.shape)[:, :length]
