@@ -65,7 +65,7 @@ def test_interleaved_float32_arms_compute_the_same_logits(tmp_path: Path) -> Non
     assert report["bandwidth"]["methods"].keys() == {"mlx_add", "mlx_sum", "host_memcpy", "host_sum"}
     assert report["options"] | {"seed": 0} == {
         "dtype": "float32", "against_dtype": None, "like_for_like": True, "quantize": None,
-        "prompt": 16, "generate": 8, "runs": 1, "seed": 0,
+        "layers": None, "prompt": 16, "generate": 8, "runs": 1, "seed": 0,
         "sampling": {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "seed": 0,
                      "stop": "\n\nUser:"},
     }

@@ -111,11 +111,12 @@ def streams_run(n: int, arrivals: list[tuple[float, int]]) -> concurrency.Run:
     return concurrency.Run([concurrency.Stream(list(arrivals), "length") for _ in range(n)], 16 * n)
 
 
-def concurrency_report() -> dict[str, Any]:
+def concurrency_report(layers: int | None = None) -> dict[str, Any]:
     """Two runs at 1 and 2 streams, built by the bench's own report code. omnia: 100 and 400
-    tok/s; mlx-lm: 25 then 40 tok/s at 1 stream (ratios 4 and 2.5), 40 at 2 (ratio 10)."""
+    tok/s; mlx-lm: 25 then 40 tok/s at 1 stream (ratios 4 and 2.5), 40 at 2 (ratio 10); of the
+    model's first `layers` layers when given."""
     args = argparse.Namespace(model="tiny", dtype="bfloat16", prompt=16, generate=3, runs=2,
-                              seed=0)
+                              seed=0, layers=layers)
     omnia = {1: [streams_run(1, [(0.010, 1), (0.020, 1), (0.030, 1)])] * 2,
              2: [streams_run(2, [(0.010, 1), (0.015, 1), (0.020, 1)])] * 2}
     mlx_lm = {1: [streams_run(1, [(0.020, 1), (0.060, 1), (0.100, 1)]),
@@ -131,7 +132,7 @@ def replay_report(*, server: bool = True) -> dict[str, Any]:
     """Three turns of 10, 22 and 34 prompt tokens in blocks of 4, each answered [100, 101],
     built by the bench's own report code; the cached arms are served 0, 12 and 24 tokens."""
     args = argparse.Namespace(model="tiny", dtype="bfloat16", context=40, answer=2, turns=3,
-                              block_tokens=4, seed=0)
+                              block_tokens=4, seed=0, layers=None)
     answer = [100, 101]
     prompts = [list(range(10))]
     for fresh in (range(20, 30), range(40, 50)):
@@ -162,6 +163,16 @@ def test_each_kind_is_saved_under_a_name_of_what_it_ran(tmp_path: Path) -> None:
         saved = results_file.save(report, tmp_path)
         assert saved.name == prefix + name == results_file.file_name(report)
         assert json.loads(saved.read_text())["table"] == report["table"]
+
+
+def test_a_cut_model_is_named_with_its_layers_in_the_file_and_the_tables(tmp_path: Path) -> None:
+    report = concurrency_report(layers=1)
+    assert report["options"]["layers"] == {"first": 1, "of": 2}
+    saved = results_file.save(report, tmp_path)
+    assert saved.name.endswith("_tiny_q4g64-bf16_p16-g3_streams-1-2_layers1-of-2_concurrency.json")
+    for row in results_file.concurrency_table([report]).splitlines()[2:]:
+        assert "| CPU (AMD EPYC) | tiny (1 of 2 layers) | q4g64-bf16 |" in row
+    assert concurrency_report()["options"]["layers"] is None
 
 
 def test_concurrency_table_has_a_row_per_stream_count() -> None:

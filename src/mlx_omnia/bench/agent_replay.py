@@ -237,6 +237,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with a named shape: write the checkpoint affine-quantized (bits), which "
                         "every arm, mlx_lm.server included, loads as it is")
     p.add_argument("--group-size", type=int, choices=[32, 64, 128], default=64)
+    common.add_layers_argument(p)
     p.add_argument("--turns", type=int, default=20)
     p.add_argument("--context", type=int, default=16384,
                    help="about the last turn's prompt tokens")
@@ -319,7 +320,8 @@ def agent_replay(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
         path = stack.enter_context(checkpoint(args.model, dtype=args.dtype, seed=args.seed,
-                                              workdir=args.workdir, quantize=on_disk))
+                                              workdir=args.workdir, quantize=on_disk,
+                                              layers=args.layers))
         scratch = Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="omnia-replay-", dir=args.workdir)))
         progress("loading omnia")
@@ -449,13 +451,14 @@ def _report(
             for name, done in turns.items()}}
         for t in range(len(prompts))
     ]
-    source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
+    source = common.model_source(args.model, path, args.layers)
     return {
         **common.report_head("agent-replay", env, source, args.model, config),
         "options": {
             "dtype": args.dtype,
             "like_for_like": True,  # one checkpoint, one format, the same prompts
             "quantize": quantize_json(None, on_disk),
+            "layers": common.layers_json(args.model, args.layers),
             "prompt": args.context,
             "generate": args.answer,
             "turns": args.turns,

@@ -24,7 +24,7 @@ import numpy as np
 
 import mlx_omnia
 from mlx_omnia.bench import bandwidth, measure, results_file
-from mlx_omnia.bench.shapes import SHAPES, build_checkpoint
+from mlx_omnia.bench.shapes import SHAPES, build_checkpoint, shape_config
 
 Out = Callable[[str], None]
 
@@ -81,13 +81,16 @@ def print_environment(env: dict[str, Any], out: Out) -> None:
 @contextmanager
 def checkpoint(
     model: str, *, dtype: str, seed: int, workdir: str | None,
-    quantize: tuple[int, int] | None = None,
+    quantize: tuple[int, int] | None = None, layers: int | None = None,
 ) -> Generator[Path, None, None]:
     """A checkpoint directory: `model` itself when it is one, else a random-weight checkpoint
-    of the named shape, built for this run and removed after it (written already quantized
-    when `quantize` is given)."""
+    of the named shape (its first `layers` layers when given), built for this run and removed
+    after it (written already quantized when `quantize` is given)."""
     given = Path(model)
     if given.is_dir():
+        if layers is not None:
+            raise SystemExit("--layers cuts a named shape as it is built; a checkpoint directory "
+                             "is loaded whole: leave out --layers, or name a shape")
         yield given
         return
     if model not in SHAPES:
@@ -95,10 +98,35 @@ def checkpoint(
             f"--model {model!r} is neither a checkpoint directory nor a known shape "
             f"({', '.join(SHAPES)})"
         )
+    shape_config(model, layers)  # a --layers out of range stops here, before any building
     with tempfile.TemporaryDirectory(prefix="omnia-bench-", dir=workdir) as tmp:
         q = "" if quantize is None else f", written {quantize[0]}-bit g{quantize[1]}"
-        progress(f"building a random-weight {model} checkpoint ({dtype}{q}) in {tmp}")
-        yield build_checkpoint(model, Path(tmp) / model, dtype=dtype, seed=seed, quantize=quantize)
+        cut = "" if layers is None else f", its first {layers} layers"
+        progress(f"building a random-weight {model} checkpoint ({dtype}{q}{cut}) in {tmp}")
+        yield build_checkpoint(model, Path(tmp) / model, dtype=dtype, seed=seed,
+                               quantize=quantize, layers=layers)
+
+
+def add_layers_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="with a named shape: build its first N layers only (the layer pattern "
+                        "cut to match), so a model too large for both arms in one process runs "
+                        "its real layer dimensions; the results name the cut")
+
+
+def layers_json(model: str, layers: int | None) -> dict[str, int] | None:
+    """The cut as the results record it: the first N layers of the shape's M, or None (whole)."""
+    if layers is None:
+        return None
+    return {"first": layers, "of": int(SHAPES[model]["num_hidden_layers"])}
+
+
+def model_source(model: str, path: Path, layers: int | None) -> str:
+    """What ran, as the output's model line and the results' `model.source` say it."""
+    if Path(model).is_dir():
+        return str(path)
+    cut = layers_json(model, layers)
+    return f"random {model}" + ("" if cut is None else f" (first {cut['first']} of {cut['of']} layers)")
 
 
 def token_stream(path: Path, *, prompt: int, generate: int, seed: int) -> tuple[list[int], list[int]]:

@@ -14,7 +14,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
@@ -259,7 +258,8 @@ def concurrency(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     sampling = sampling_of(args)
     notes: list[str] = []
     with checkpoint(
-        args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk
+        args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk,
+        layers=args.layers,
     ) as path:
         # One prompt per stream (of the largest count): --prompt random words of the
         # vocabulary, a token each.
@@ -294,7 +294,7 @@ def concurrency(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                     results[name][n].append(arms[name](n, args.generate))
         config = json.loads((path / "config.json").read_text())
 
-    source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
+    source = common.model_source(args.model, path, args.layers)
     report = _report(args, env, config, source, quantize, on_disk, sampling, results, orders,
                      notes)
     rows, baseline, problems = report["table"], report["baseline"], report["problems"]
@@ -355,6 +355,7 @@ def _report(
             "dtype": args.dtype,
             "like_for_like": True,  # one checkpoint, one format, the same prompts and lengths
             "quantize": quantize_json(quantize, on_disk),
+            "layers": common.layers_json(args.model, args.layers),
             "prompt": args.prompt,
             "generate": args.generate,
             "streams": counts,

@@ -13,7 +13,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -211,7 +210,8 @@ def constrained(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = environment()
     quantize, on_disk = at_load(args), written_quantized(args)
     with checkpoint(
-        args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk
+        args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk,
+        layers=args.layers,
     ) as path:
         prompt, _ = token_stream(path, prompt=args.prompt, generate=1, seed=args.seed)
         text = prompt_text(path, prompt)
@@ -268,7 +268,7 @@ def constrained(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             "problems": problems,
         })
 
-    source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
+    source = common.model_source(args.model, path, args.layers)
     print_environment(env, out)
     out(f"model: {source}  dtype {args.dtype}  quantize {quantize_text(quantize, on_disk)}  "
         f"prompt {len(prompt)}  "
@@ -305,6 +305,7 @@ def constrained(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             "dtype": args.dtype,
             "like_for_like": True,  # one model, one format: the arms differ in the constraint
             "quantize": quantize_json(quantize, on_disk),
+            "layers": common.layers_json(args.model, args.layers),
             "prompt": len(prompt),
             "generate": n,
             "runs": args.runs,

@@ -3,6 +3,7 @@ itself) on the same checkpoint and the same token stream. See docs/benchmarks.md
 
     omnia-bench interleaved --model qwen3-4b [--quantize 4] [--reference] [--json OUT]
     omnia-bench interleaved --model qwen3-4b --explain
+    omnia-bench interleaved --model qwen3-next-80b-a3b --quantize 4 --prequantize --layers 24
     omnia-bench paired --ref REV --model qwen3-4b
     omnia-bench constrained --model qwen3-4b [--generate 256] [--constraints json,regex,lark]
     omnia-bench concurrency --model qwen3-4b [--quantize 4] [--streams 1,2,4,8,16,32]
@@ -27,9 +28,12 @@ from mlx_omnia.bench.common import (
     DECODE_NOTE,
     GENERATE_NOTE,
     Out,
+    add_layers_argument,
     at_load,
     checkpoint,
     environment,
+    layers_json,
+    model_source,
     print_bandwidth,
     print_environment,
     progress,
@@ -118,7 +122,8 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
     env = environment()
     quantize, on_disk = at_load(args), written_quantized(args)
     with checkpoint(
-        args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk
+        args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk,
+        layers=args.layers,
     ) as path:
         if args.explain:
             print_environment(env, out)
@@ -173,7 +178,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
                          "design (its KL divergence: docs/kernels.md), so the gate leaves it out")
 
         print_environment(env, out)
-        source = f"random {args.model}" if not Path(args.model).is_dir() else str(path)
+        source = model_source(args.model, path, args.layers)
         q = quantize_text(quantize, on_disk)
         out(
             f"model: {source}  dtype {args.dtype}"
@@ -208,6 +213,7 @@ def interleaved(args: argparse.Namespace, out: Out = print) -> dict[str, Any]:
                 "against_dtype": args.against_dtype,
                 "like_for_like": not unlike,
                 "quantize": quantize_json(quantize, on_disk),
+                "layers": layers_json(args.model, args.layers),
                 "prompt": len(prompt),
                 "generate": len(generate),
                 "runs": args.runs,
@@ -261,6 +267,7 @@ def _generation_args(p: argparse.ArgumentParser, *, generate_help: str) -> None:
     stream's lengths, the runs, the sampling of free generations and where the report goes."""
     p.add_argument("--model", required=True,
                    help=f"a checkpoint directory, or a shape to build with random weights: {', '.join(SHAPES)}")
+    add_layers_argument(p)
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument("--quantize", type=int, choices=[2, 3, 4, 5, 6, 8], default=None,
                    help="affine-quantize at load, both arms the same way (bits)")

@@ -64,7 +64,8 @@ def paired(args: argparse.Namespace, out: common.Out = print) -> dict[str, Any]:
     work_tree = common.source_root()
     with (
         common.checkpoint(
-            args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk
+            args.model, dtype=args.dtype, seed=args.seed, workdir=args.workdir, quantize=on_disk,
+            layers=args.layers,
         ) as path,
         tempfile.TemporaryDirectory(prefix="omnia-bench-paired-") as tmp,
     ):
@@ -115,7 +116,8 @@ def paired(args: argparse.Namespace, out: common.Out = print) -> dict[str, Any]:
     first_runs = [results[name][0]["runs"][0] for name in names]
     same = first_runs[0]["decode_argmax"] == first_runs[1]["decode_argmax"]
     common.print_environment(env, out)
-    out(f"model: {args.model}  dtype {args.dtype}  prompt {len(prompt)}  generate {len(generate)}  "
+    source = common.model_source(args.model, path, args.layers)
+    out(f"model: {source}  dtype {args.dtype}  prompt {len(prompt)}  generate {len(generate)}  "
         f"runs {args.runs}  working {common.git_revision(work_tree) or work_tree}  ref {args.ref}")
     common.print_bandwidth(bw, rows[0].step_bytes, out)
     out(f"check: decode argmax streams {'identical' if same else 'DIFFER'} between the trees")
@@ -128,8 +130,9 @@ def paired(args: argparse.Namespace, out: common.Out = print) -> dict[str, Any]:
         "command": "paired",
         "environment": env,
         "ref": args.ref,
-        "model": {"source": args.model, "shape": None if Path(args.model).is_dir() else args.model},
+        "model": {"source": source, "shape": None if Path(args.model).is_dir() else args.model},
         "options": {"dtype": args.dtype, "quantize": common.quantize_json(quantize, on_disk),
+                    "layers": common.layers_json(args.model, args.layers),
                     "prompt": len(prompt), "generate": len(generate), "runs": args.runs,
                     "seed": args.seed, "like_for_like": True,
                     "sampling": None if text is None else sampling.to_json()},

@@ -93,15 +93,25 @@ def device_name(report: dict[str, Any]) -> str:
 
 def run_shape(report: dict[str, Any]) -> list[str]:
     """What the command ran, for the file name: the prompt and new tokens; concurrency adds
-    its stream counts, agent-replay names its context, turns, answer and cache block instead."""
+    its stream counts, agent-replay names its context, turns, answer and cache block instead;
+    a model cut to its first layers (--layers) adds them ("layers12-of-48")."""
     options = report["options"]
     if report["command"] == "agent-replay":
-        return [f"context{options['context']}-turns{options['turns']}-answer{options['answer']}"
-                f"-block{options['block_tokens']}"]
-    shape = [f"p{options['prompt']}-g{options['generate']}"]
+        shape = [f"context{options['context']}-turns{options['turns']}-answer{options['answer']}"
+                 f"-block{options['block_tokens']}"]
+    else:
+        shape = [f"p{options['prompt']}-g{options['generate']}"]
     if report["command"] == "concurrency":
         shape.append("streams-" + "-".join(str(n) for n in options["streams"]))
+    if cut := options.get("layers"):
+        shape.append(f"layers{cut['first']}-of-{cut['of']}")
     return shape
+
+
+def cut_text(report: dict[str, Any]) -> str:
+    """How a table names a model cut to its first layers: " (12 of 48 layers)"; "" if whole."""
+    cut = report["options"].get("layers")
+    return f" ({cut['first']} of {cut['of']} layers)" if cut else ""
 
 
 def file_name(report: dict[str, Any]) -> str:
@@ -169,7 +179,7 @@ def _run_cells(report: dict[str, Any]) -> tuple[str, ...]:
     """The cells every row starts with: date, commit, device, model and format."""
     env = report["environment"]
     return (str(env["date"])[:10], f"`{env.get('mlx_omnia_revision')}`", device_name(report),
-            str(report["model"].get("shape") or report["model"].get("source")),
+            str(report["model"].get("shape") or report["model"].get("source")) + cut_text(report),
             _format_cell(report))
 
 
@@ -233,7 +243,7 @@ def bandwidth_table(reports: Sequence[dict[str, Any]]) -> str:
         spec = "-" if bw.get("spec") is None else f"{bw['spec'] / 1e9:,.0f} GB/s"
         lines.append(
             f"| {str(env['date'])[:10]} | `{env.get('mlx_omnia_revision')}` | {device_name(r)} | "
-            f"{r['model'].get('shape')} {format_name(r['options'])} | {methods} | "
+            f"{r['model'].get('shape')}{cut_text(r)} {format_name(r['options'])} | {methods} | "
             f"{bw['best'] / 1e9:,.0f} GB/s | {spec} |"
         )
     return "\n".join(lines)
@@ -248,7 +258,8 @@ def paired_table(reports: Sequence[dict[str, Any]]) -> str:
         ours = _rows(r).get("working", {})
         cells = (
             str(r["environment"]["date"])[:10], f"`{r['environment'].get('mlx_omnia_revision')}`",
-            f"`{r['ref']}`", device_name(r), str(r["model"].get("shape")), format_name(r["options"]),
+            f"`{r['ref']}`", device_name(r), str(r["model"].get("shape")) + cut_text(r),
+            format_name(r["options"]),
             _x(ours.get("decode_ratio")), _x(ours.get("generate_ratio")),
             _x(ours.get("prefill_ratio")), "identical" if r.get("argmax_identical") else "differ",
         )
@@ -365,7 +376,8 @@ def headline_section(reports: Sequence[dict[str, Any]]) -> str:
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in reports:
         if r["command"] == "interleaved" and r["options"].get("like_for_like", True):
-            latest[(device_name(r), str(r["model"].get("shape")), format_name(r["options"]))] = r
+            model = str(r["model"].get("shape")) + cut_text(r)
+            latest[(device_name(r), model, format_name(r["options"]))] = r
     lines: list[str] = []
     for (device, model, _), r in latest.items():
         ours = _rows(r).get("omnia", {})
