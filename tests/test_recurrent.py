@@ -1,8 +1,8 @@
 """The recurrent declarations (core/recurrent.py) against float64 numpy written from their
 definitions: ShortConv's causal depthwise convolution and the gated delta rule, stepwise and
 chunked (chunks that do not divide the sequence, several calls continuing one state, grouped
-key heads), Mamba-2's and Mamba-1's selective scans likewise, and the compiled decode step's
-static state."""
+key heads), the same rule with a decay per key channel, Mamba-2's and Mamba-1's selective
+scans likewise, and the compiled decode step's static state."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mlx_omnia.engine.core.recurrent import (
+    ChannelGatedDeltaRule,
     DiagonalSelectiveScan,
     GatedDeltaRule,
     SelectiveScan,
@@ -72,17 +73,29 @@ def delta_reference(
     return out, s
 
 
-@pytest.mark.parametrize(("key_heads", "chunk", "splits"), [(2, 64, (70,)), (4, 16, (1, 37, 38)), (2, 8, ())])
+@pytest.mark.parametrize(
+    ("key_heads", "chunk", "splits", "strongest", "alike"),
+    [
+        (2, 64, (70,), 0.5, 0.0),
+        (4, 16, (1, 37, 38), 0.5, 0.0),
+        (2, 8, (), 0.5, 0.0),
+        (2, 64, (20,), 0.001, 0.9),
+        (4, 64, (3, 4), 0.0, 1.0),
+    ],
+)
 def test_gated_delta_rule_equals_the_stepwise_definition(
-    key_heads: int, chunk: int, splits: tuple[int, ...]
+    key_heads: int, chunk: int, splits: tuple[int, ...], strongest: float, alike: float
 ) -> None:
+    """Chunks of 64, 16 and 8, continued over calls. Keys alike (each `alike` of one shared
+    key) under a weak or no decay: a power series inverse of T was 1e3 to 1e9 off there."""
     b, length, heads, dk, dv = 2, 90, 4, 16, 8
-    keys = mx.random.split(mx.random.key(7), 5)
+    keys = mx.random.split(mx.random.key(7), 6)
     q = mx.random.normal((b, length, key_heads, dk), key=keys[0])
-    k = mx.random.normal((b, length, key_heads, dk), key=keys[1])
+    shared = mx.random.normal((b, 1, key_heads, dk), key=keys[5])
+    k = alike * shared + (1 - alike) * mx.random.normal((b, length, key_heads, dk), key=keys[1])
     v = mx.random.normal((b, length, heads, dv), key=keys[2])
-    g = -mx.random.uniform(0.0, 0.5, (b, length, heads), key=keys[3])
-    beta = mx.sigmoid(mx.random.normal((b, length, heads), key=keys[4]))
+    g = -mx.random.uniform(0.0, strongest, (b, length, heads), key=keys[3])
+    beta = mx.sigmoid(mx.random.normal((b, length, heads), key=keys[4]) + (2.0 if alike else 0.0))
     rule = GatedDeltaRule(key_heads=key_heads, value_heads=heads, key_dim=dk, value_dim=dv,
                           chunk=chunk)
     state = RecurrentState(("recurrent",))
@@ -208,3 +221,83 @@ def test_diagonal_selective_scan_keeps_the_input_dtype_and_a_float32_state() -> 
     y = scan(x, dt, -mx.ones((4, 8)), bc, bc, mx.ones((4,)), state)
     assert y.dtype == mx.bfloat16 and y.shape == (1, 7, 4)
     assert state.arrays["ssm"].dtype == mx.float32 and state.arrays["ssm"].shape == (1, 4, 8)
+
+
+def channel_delta_reference(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+    s: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """KDA's rule token by token, float64, as written: S <- diag(exp(g)) S, then the delta
+    rule's update, o = S^T q."""
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(q.shape[-1])
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    out = np.zeros(v.shape)
+    for t in range(v.shape[1]):
+        s = s * np.exp(g[:, t])[..., :, None]
+        recalled = np.einsum("bhk,bhkv->bhv", k[:, t], s)
+        delta = (v[:, t] - recalled) * beta[:, t][..., None]
+        s = s + np.einsum("bhk,bhv->bhkv", k[:, t], delta)
+        out[:, t] = np.einsum("bhk,bhkv->bhv", q[:, t], s)
+    return out, s
+
+
+@pytest.mark.parametrize(
+    ("chunk", "splits", "strongest", "alike"),
+    [
+        (64, (70,), 0.5, 0.0),
+        (16, (1, 37, 38), 0.5, 0.0),
+        (8, (), 0.5, 0.0),
+        (64, (50,), 30.0, 0.0),
+        (64, (20,), 0.001, 0.9),
+        (16, (3, 4), 0.0, 1.0),
+    ],
+)
+def test_channel_gated_delta_rule_equals_the_stepwise_definition(
+    chunk: int, splits: tuple[int, ...], strongest: float, alike: float
+) -> None:
+    """Chunks of 64, 16 and 8 (the last ones partial; a call of 20 tokens takes a chunk of
+    32), continued over calls of 1 to 70 tokens from a given state. Decays up to exp(-30) a
+    token and channel reach exp(-1900) within a chunk: no factor may grow past float32 on the
+    way. Keys alike (each `alike` of one shared key) under a weak or no decay make T's powers
+    grow like binomials (a power series inverse there is off by 1e4 to 1e19): the blocked
+    inverse stays as exact as the steps."""
+    b, length, heads, dk, dv = 2, 90, 3, 16, 8
+    keys = mx.random.split(mx.random.key(29), 7)
+    q = mx.random.normal((b, length, heads, dk), key=keys[0])
+    shared = mx.random.normal((b, 1, heads, dk), key=keys[6])
+    k = alike * shared + (1 - alike) * mx.random.normal((b, length, heads, dk), key=keys[1])
+    v = mx.random.normal((b, length, heads, dv), key=keys[2])
+    g = -mx.random.uniform(0.0, strongest, (b, length, heads, dk), key=keys[3])
+    beta = mx.sigmoid(mx.random.normal((b, length, heads), key=keys[4]) + 2.0)
+    start = mx.random.normal((b, heads, dk, dv), key=keys[5])
+    rule = ChannelGatedDeltaRule(heads=heads, key_dim=dk, value_dim=dv, chunk=chunk)
+    state = RecurrentState(("recurrent",))
+    state.put("recurrent", start)
+    bounds = [0, *splits, length]
+    out = mx.concatenate(
+        [rule(q[:, i:j], k[:, i:j], v[:, i:j], g[:, i:j], beta[:, i:j], state)
+         for i, j in itertools.pairwise(bounds)],
+        axis=1,
+    )
+    want, s = channel_delta_reference(_np(q), _np(k), _np(v), _np(g), _np(beta), _np(start))
+    np.testing.assert_allclose(_np(out), want, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(_np(state.arrays["recurrent"]), s, rtol=1e-4, atol=2e-5)
+    fresh, _ = channel_delta_reference(
+        _np(q), _np(k), _np(v), _np(g), _np(beta), np.zeros((b, heads, dk, dv))
+    )
+    np.testing.assert_allclose(_np(rule(q, k, v, g, beta, None)), fresh, rtol=1e-4, atol=2e-5)
+
+
+def test_channel_gated_delta_rule_keeps_the_input_dtype_and_a_float32_state() -> None:
+    rule = ChannelGatedDeltaRule(heads=2, key_dim=8, value_dim=4, chunk=4)
+    keys = mx.random.split(mx.random.key(31), 3)
+    qk = mx.random.normal((1, 7, 2, 8), key=keys[0]).astype(mx.bfloat16)
+    v = mx.random.normal((1, 7, 2, 4), key=keys[1]).astype(mx.bfloat16)
+    g = -mx.random.uniform(0.0, 1.0, (1, 7, 2, 8), key=keys[2]).astype(mx.bfloat16)
+    state = RecurrentState(("recurrent",))
+    out = rule(qk, qk, v, g, mx.full((1, 7, 2), 0.5, dtype=mx.bfloat16), state)
+    assert out.dtype == mx.bfloat16 and out.shape == (1, 7, 2, 4)
+    assert state.arrays["recurrent"].dtype == mx.float32
+    assert state.arrays["recurrent"].shape == (1, 2, 8, 4)
+    with pytest.raises(ValueError, match="power of two"):
+        ChannelGatedDeltaRule(heads=2, key_dim=8, value_dim=4, chunk=48)

@@ -81,19 +81,37 @@ def _pairwise_decay(cum: mx.array) -> mx.array:
     return mx.exp(mx.where(lower, cum[..., :, None] - cum[..., None, :], -mx.inf))
 
 
-def _unit_lower_inverse(strict: mx.array, size: int) -> mx.array:
-    """(I + M)^-1 for strictly lower-triangular M [..., n, n]. M is nilpotent (M^n = 0), so
-    with X = -M the inverse is sum_{k<n} X^k = prod_j (I + X^(2^j)) over 2^j < n: about
-    2 log2(n) matrix products instead of n steps of forward substitution."""
-    eye = mx.eye(size, dtype=strict.dtype)
-    power = -strict
-    inverse = eye + power
-    reach = 2
-    while reach < size:
-        power = power @ power
-        inverse = inverse @ (eye + power)
-        reach *= 2
-    return inverse
+def _delta_inverse(k: mx.array, beta: mx.array, cum: mx.array) -> mx.array:
+    """T^-1 [..., n, n] for GatedDeltaRule's T = I + strict_lower(beta_i k_i.k_j exp(G_i - G_j)),
+    from k [..., n, d], beta and G [..., n] (n padded to a power of two with tokens of k =
+    beta = 0, which leave the first n rows' inverse as it is): built from one-token blocks
+    (T_tt = 1) by merging neighbouring pairs, [[A, 0], [C, B]]^-1 = [[A^-1, 0],
+    [-B^-1 C A^-1, B^-1]], C the later half's rows against the earlier half's columns. Every
+    block formed is a block of the true inverse, so nothing grows on the way (a power series
+    (I - M)(I + M^2)(I + M^4)... is exact in theory, but with alike keys under a weak decay
+    M's powers grow like binomials and cancel: 1e3 to 1e9 off in float32); G_i - G_j <= 0."""
+    rows, d = k.shape[-2], k.shape[-1]
+    lead = k.shape[:-2]
+    n = 1 << max(rows - 1, 0).bit_length()
+    if n != rows:
+        extra = [(0, 0)] * len(lead)
+        k = mx.pad(k, [*extra, (0, n - rows), (0, 0)])
+        beta = mx.pad(beta, [*extra, (0, n - rows)])
+        cum = mx.concatenate([cum, mx.repeat(cum[..., -1:], n - rows, axis=-1)], axis=-1)
+    inverse = mx.ones((*lead, n, 1, 1), dtype=k.dtype)
+    size = 1
+    while size < n:
+        pairs = n // (2 * size)
+        ks = reshape(k, *lead, pairs, 2, size, d)
+        gs = reshape(cum, *lead, pairs, 2, size)
+        later_beta = reshape(beta, *lead, pairs, 2, size)[..., 1, :, None]
+        decay = mx.exp(gs[..., 1, :, None] - gs[..., 0, None, :])
+        cross = later_beta * (ks[..., 1, :, :] @ ks[..., 0, :, :].swapaxes(-1, -2)) * decay
+        halves = reshape(inverse, *lead, pairs, 2, size, size)
+        first, second = halves[..., 0, :, :], halves[..., 1, :, :]
+        inverse = _lower_blocks(first, -(second @ cross) @ first, second)
+        size *= 2
+    return inverse[..., 0, :rows, :rows]
 
 
 class GatedDeltaRule(Declaration):
@@ -107,8 +125,9 @@ class GatedDeltaRule(Declaration):
         o     = S^T q
 
     One token is that step. A longer call runs the chunked form, equal up to rounding: within
-    a chunk of `chunk` tokens with cumulative decays G_i, the updates solve one unit lower
-    triangular system T = I + strict_lower(beta_i k_i.k_j exp(G_i - G_j)):
+    a chunk of `chunk` tokens with cumulative decays G_i, the updates solve
+    one unit lower triangular system T = I + strict_lower(beta_i k_i.k_j exp(G_i - G_j)),
+    inverted block by block (`_delta_inverse`):
     U = T^-1 (beta v), W = T^-1 (beta k exp(G)); then per chunk, in order,
     v' = U - W S, o = exp(G) q S + lower(q_i.k_j exp(G_i - G_j)) v', and
     S <- exp(G_last) S + (k exp(G_last - G))^T v'.
@@ -174,9 +193,7 @@ class GatedDeltaRule(Declaration):
         cum = mx.cumsum(g, axis=-1)  # G_i
         decay = _pairwise_decay(cum)
         kb = k * beta[..., None]
-        below = mx.tril(mx.ones((c, c), dtype=mx.bool_), k=-1)
-        strict = mx.where(below, (kb @ k.swapaxes(-1, -2)) * decay, 0.0)
-        inverse = _unit_lower_inverse(strict, c)
+        inverse = _delta_inverse(k, beta, cum)
         u = inverse @ (v * beta[..., None])
         w = inverse @ (kb * mx.exp(cum)[..., None])
         q_decayed = q * mx.exp(cum)[..., None]
@@ -205,6 +222,159 @@ def _delta_step(
     """One token of the gated delta rule: q, k [B, H, dk], v [B, H, dv], g, beta [B, H],
     s [B, H, dk, dv] -> (o [B, H, dv], the new s)."""
     s = s * mx.exp(g)[..., None, None]
+    recalled = (k[..., None, :] @ s)[..., 0, :]  # S^T k
+    delta = (v - recalled) * beta[..., None]
+    s = s + k[..., :, None] * delta[..., None, :]
+    return (q[..., None, :] @ s)[..., 0, :], s
+
+
+class ChannelGatedDeltaRule(Declaration):
+    """The gated delta rule with a decay per key channel (Kimi Delta Attention, KDA) over
+    `heads` heads, each with a state S [key_dim, value_dim] (float32). Token by token:
+
+        q, k <- q / |q|, k / |k|  (l2, eps 1e-6);  q <- q / sqrt(key_dim)
+        S    <- diag(exp(g)) S                     (g [key_dim] <= 0: row c decays by exp(g_c))
+        S    <- S + k (beta (v - S^T k))^T         (v replaces what S recalled for k, by beta)
+        o     = S^T q
+
+    One token is that step. A longer call runs the chunked form, equal up to rounding: within
+    a chunk of `chunk` tokens (a power of two; a shorter call takes the power of two that holds
+    it) with cumulative decays G_t [key_dim], the updates solve one unit lower triangular
+    system T = I + strict_lower(beta_t P(k)_tj), P(x)_tj = sum_c x_tc k_jc exp(G_tc - G_jc):
+    U = T^-1 (beta v), W = T^-1 (beta k exp(G)); then per chunk, in order, v' = U - W S,
+    o = (q exp(G)) S + lower(P(q)) v', S <- exp(G_last) S + (k exp(G_last - G))^T v'.
+    P and T^-1 are built together from one-token blocks up, pairs of neighbouring blocks
+    merging log2(chunk) times: the later block's rows against the earlier block's columns are
+    one matrix product through the later block's first token r, (x_t exp(G_t - G_r)) .
+    (k_j exp(G_r - G_j)), both factors at most 1 (no exponent grows however strong the decay);
+    T^-1 of the pair is [[A, 0], [-D C A, D]] from its blocks' inverses A, D and T's block C.
+    Every inverse formed is a block of T^-1 itself, so nothing grows past T^-1's own entries
+    (a power series of T's nilpotent part would: its powers grow like binomials where the keys
+    of a chunk are alike and the decay is weak, then cancel, and float32 loses everything).
+    Inputs q, k [B, L, heads, key_dim], v [B, L, heads, value_dim], g [B, L, heads, key_dim],
+    beta [B, L, heads]; the output [B, L, heads, value_dim] in v's dtype. The state is `name`
+    in the layer's RecurrentState."""
+
+    def __init__(
+        self, *, heads: int, key_dim: int, value_dim: int, chunk: int = 64,
+        name: str = "recurrent",
+    ) -> None:
+        super().__init__()
+        if chunk < 1 or chunk & (chunk - 1):
+            raise ValueError(f"chunk {chunk} is not a power of two")
+        self.heads, self.key_dim, self.value_dim = heads, key_dim, value_dim
+        self.chunk = chunk
+        self.name = name
+        self._bound: Callable[..., mx.array] = self.reference()
+
+    def reference(self) -> Callable[..., mx.array]:
+        def rule(
+            q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+            state: State | None,
+        ) -> mx.array:
+            b, length = v.shape[:2]
+            f32 = mx.float32
+            q = _l2_normalized(q.astype(f32)) * self.key_dim**-0.5
+            k = _l2_normalized(k.astype(f32))
+            # heads first: [B, H, L, d] and [B, H, L]
+            q, k, vf, gf = (x.swapaxes(1, 2) for x in (q, k, v.astype(f32), g.astype(f32)))
+            beta = beta.astype(f32).swapaxes(1, 2)
+            s = state.get(self.name) if state is not None else None
+            if s is None:
+                s = mx.zeros((b, self.heads, self.key_dim, self.value_dim), f32)
+            if length == 1:
+                out, s = _channel_delta_step(
+                    q[:, :, 0], k[:, :, 0], vf[:, :, 0], gf[:, :, 0], beta[:, :, 0], s
+                )
+                out = out[:, :, None]
+            else:
+                size = min(self.chunk, 1 << (length - 1).bit_length())
+                out, s = _channel_chunked(q, k, vf, gf, beta, s, size)
+            if state is not None:
+                state.put(self.name, s)
+            return out.swapaxes(1, 2).astype(v.dtype)
+
+        return rule
+
+    def __call__(
+        self, q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+        state: State | None,
+    ) -> mx.array:
+        return self._bound(q, k, v, g, beta, state)
+
+
+def _channel_chunked(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, s: mx.array, size: int
+) -> tuple[mx.array, mx.array]:
+    """ChannelGatedDeltaRule's chunked form: q, k, g [B, H, L, dk], v [B, H, L, dv], beta
+    [B, H, L] (float32, q and k normed), s [B, H, dk, dv]; chunks of `size`, a power of two."""
+    b, h, length, _ = q.shape
+    pad = -length % size
+    if pad:  # padded tokens: k = v = beta = 0 and no decay, so they change nothing
+        q, k, v, g = (mx.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]) for x in (q, k, v, g))
+        beta = mx.pad(beta, [(0, 0), (0, 0), (0, pad)])
+    n = (length + pad) // size
+    q, k, v, g = (reshape(x, b, h, n, size, x.shape[-1]) for x in (q, k, v, g))
+    beta = reshape(beta, b, h, n, size)
+    cum = mx.cumsum(g, axis=-2)  # G_t [B, H, N, size, dk]
+    intra, inverse = _channel_blocks(q, k, beta, cum)
+    decay = mx.exp(cum)
+    u = inverse @ (v * beta[..., None])
+    w = inverse @ (k * beta[..., None] * decay)
+    q_decayed = q * decay
+    last = cum[..., -1:, :]  # G_last [B, H, N, 1, dk]
+    k_decayed = k * mx.exp(last - cum)
+    chunk_decay = mx.exp(last).swapaxes(-1, -2)  # [B, H, N, dk, 1]: S's rows
+    outs: list[mx.array] = []
+    for i in range(n):
+        fresh = u[:, :, i] - w[:, :, i] @ s
+        outs.append(q_decayed[:, :, i] @ s + intra[:, :, i] @ fresh)
+        s = s * chunk_decay[:, :, i] + k_decayed[:, :, i].swapaxes(-1, -2) @ fresh
+    return mx.concatenate(outs, axis=2)[:, :, :length], s
+
+
+def _channel_blocks(
+    q: mx.array, k: mx.array, beta: mx.array, cum: mx.array
+) -> tuple[mx.array, mx.array]:
+    """(lower(P(q)), T^-1) [..., n, n] of ChannelGatedDeltaRule's docstring, from q, k and the
+    cumulative log-decays G [..., n, d] and beta [..., n], n a power of two: both built from
+    one-token blocks (P(q)_tt = q_t . k_t, T_tt = 1) by merging neighbouring pairs."""
+    n, d = k.shape[-2], k.shape[-1]
+    lead = k.shape[:-2]
+    products = (q * k).sum(axis=-1)[..., None, None]  # [..., n, 1, 1]
+    inverses = mx.ones((*lead, n, 1, 1), dtype=k.dtype)
+    size = 1
+    while size < n:
+        pairs = n // (2 * size)
+        qs, ks, gs = (reshape(t, *lead, pairs, 2, size, d) for t in (q, k, cum))
+        ref = gs[..., 1, :1, :]  # G_r at the later block's first token, [..., pairs, 1, d]
+        into_later = mx.exp(gs[..., 1, :, :] - ref)
+        earlier = (ks[..., 0, :, :] * mx.exp(ref - gs[..., 0, :, :])).swapaxes(-1, -2)
+        cross_q = (qs[..., 1, :, :] * into_later) @ earlier  # P(q), later rows x earlier columns
+        cross_t = reshape(beta, *lead, pairs, 2, size)[..., 1, :, None] * (
+            (ks[..., 1, :, :] * into_later) @ earlier
+        )  # T's block there
+        p_halves = reshape(products, *lead, pairs, 2, size, size)
+        i_halves = reshape(inverses, *lead, pairs, 2, size, size)
+        first, second = i_halves[..., 0, :, :], i_halves[..., 1, :, :]
+        products = _lower_blocks(p_halves[..., 0, :, :], cross_q, p_halves[..., 1, :, :])
+        inverses = _lower_blocks(first, -(second @ cross_t) @ first, second)
+        size *= 2
+    return products[..., 0, :, :], inverses[..., 0, :, :]
+
+
+def _lower_blocks(top: mx.array, cross: mx.array, bottom: mx.array) -> mx.array:
+    """[[top, 0], [cross, bottom]] from three [..., s, s] blocks: [..., 2 s, 2 s]."""
+    upper = mx.concatenate([top, mx.zeros_like(cross)], axis=-1)
+    return mx.concatenate([upper, mx.concatenate([cross, bottom], axis=-1)], axis=-2)
+
+
+def _channel_delta_step(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, s: mx.array
+) -> tuple[mx.array, mx.array]:
+    """One token of ChannelGatedDeltaRule: q, k, g [B, H, dk], v [B, H, dv], beta [B, H],
+    s [B, H, dk, dv] -> (o [B, H, dv], the new s)."""
+    s = s * mx.exp(g)[..., :, None]
     recalled = (k[..., None, :] @ s)[..., 0, :]  # S^T k
     delta = (v - recalled) * beta[..., None]
     s = s + k[..., :, None] * delta[..., None, :]
