@@ -49,6 +49,7 @@ FAMILIES: dict[str, str] = {
     "glm4": "mlx_omnia.engine.models.glm4",
     "gpt_oss": "mlx_omnia.engine.models.gpt_oss",
     "deepseek_v2": "mlx_omnia.engine.models.deepseek_v2",
+    "kimi_linear": "mlx_omnia.engine.models.kimi_linear",
     "exaone4": "mlx_omnia.engine.models.exaone4",
     "gpt2": "mlx_omnia.engine.models.gpt2",
     "lfm2": "mlx_omnia.engine.models.lfm2",
@@ -63,6 +64,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_5_text": "mlx_omnia.engine.models.qwen3_5",
     "qwen3_5_moe": "mlx_omnia.engine.models.qwen3_5",
     "qwen3_5_moe_text": "mlx_omnia.engine.models.qwen3_5",
+    "bailing_hybrid": "mlx_omnia.engine.models.bailing_hybrid",
 }
 
 
