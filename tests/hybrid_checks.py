@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
+import pytest
+
 from mlx_omnia import Batch, Generation, GenerationOptions, Model, PrefixCache
+from mlx_omnia.engine.generate import loop
 from tests.fixtures import parity
 from tests.test_batch import drive, tokens
 
@@ -73,3 +78,20 @@ def prefix_resumes_recurrent_layers(model: Model, disk: Path) -> None:
     assert got == want and turn3.cached_tokens == (len(model.tokenizer.encode(second)) - 1) // 8 * 8
     assert again.stats().memory_blocks > 0  # read from disk
     again.close()
+
+
+def long_prefill_equals_stepwise(model: Model, monkeypatch: pytest.MonkeyPatch,
+                                 prompt: int = 200, steps: int = 8) -> None:
+    """`prompt` tokens prefilled in passes of 96 rows, then `steps` tokens through the compiled
+    step, against every token fed one at a time (eager): logits within 1e-4 of the largest."""
+    ids = [(7 * i + 3) % 300 + 4 for i in range(prompt + steps)]
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", 96)
+    monkeypatch.setenv("OMNIA_COMPILE", "1")
+    with model.decoding() as d:
+        fast = [d.feed(ids[:prompt], last_only=True)] + [d.feed([t]) for t in ids[prompt:]]
+    monkeypatch.setenv("OMNIA_COMPILE", "0")
+    with model.decoding() as d:
+        slow = [d.feed([t]) for t in ids]
+    got = np.array(mx.concatenate(fast, axis=0), dtype=np.float64)
+    want = np.array(mx.concatenate(slow[prompt - 1 :], axis=0), dtype=np.float64)
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-4

@@ -20,7 +20,6 @@ from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.recurrent import SelectiveScan
 from mlx_omnia.engine.core.state import RecurrentState
 from mlx_omnia.engine.errors import UnsupportedModelError
-from mlx_omnia.engine.generate import loop
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.weights import read_json
 from mlx_omnia.engine.models.falcon_h1.config import FalconH1Config
@@ -139,17 +138,7 @@ def test_a_long_prefill_equals_stepwise_decode(variant: str, monkeypatch: pytest
     """200 tokens (four scan chunks) prefilled in passes of 96 rows, then 8 tokens through the
     compiled step, against every token fed one at a time (eager)."""
     model = load(parity.checkpoint_dir(variant, "v5"), dtype="float32")
-    ids = [(7 * i + 3) % 300 + 4 for i in range(208)]
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 96)
-    monkeypatch.setenv("OMNIA_COMPILE", "1")
-    with model.decoding() as d:
-        fast = [d.feed(ids[:200], last_only=True)] + [d.feed([t]) for t in ids[200:]]
-    monkeypatch.setenv("OMNIA_COMPILE", "0")
-    with model.decoding() as d:
-        slow = [d.feed([t]) for t in ids]
-    got = np.array(mx.concatenate(fast, axis=0))
-    want = np.array(mx.concatenate(slow[199:], axis=0)).astype(np.float64)
-    assert _rel(got, want) < 1e-4
+    hybrid_checks.long_prefill_equals_stepwise(model, monkeypatch)
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])

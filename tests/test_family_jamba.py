@@ -17,7 +17,6 @@ from mlx_omnia import load
 from mlx_omnia.engine.core.mxcompat import named_modules
 from mlx_omnia.engine.core.recurrent import DiagonalSelectiveScan
 from mlx_omnia.engine.errors import UnsupportedModelError
-from mlx_omnia.engine.generate import loop
 from mlx_omnia.engine.loading.registry import family_for
 from mlx_omnia.engine.loading.weights import read_json
 from mlx_omnia.engine.models.jamba.config import JambaConfig, layers_block_type
@@ -96,17 +95,7 @@ def test_a_long_prefill_equals_stepwise_decode(variant: str, monkeypatch: pytest
     """300 tokens (scan chunks of 128 over prefill passes of 96 rows) prefilled, then 8 tokens
     through the compiled step, against every token fed one at a time (eager)."""
     model = load(parity.checkpoint_dir(variant, "v5"), dtype="float32")
-    ids = [(7 * i + 3) % 300 + 4 for i in range(308)]
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 96)
-    monkeypatch.setenv("OMNIA_COMPILE", "1")
-    with model.decoding() as d:
-        fast = [d.feed(ids[:300], last_only=True)] + [d.feed([t]) for t in ids[300:]]
-    monkeypatch.setenv("OMNIA_COMPILE", "0")
-    with model.decoding() as d:
-        slow = [d.feed([t]) for t in ids]
-    got = np.array(mx.concatenate(fast, axis=0), dtype=np.float64)
-    want = np.array(mx.concatenate(slow[299:], axis=0), dtype=np.float64)
-    assert _rel(got, want) < 1e-4
+    hybrid_checks.long_prefill_equals_stepwise(model, monkeypatch, prompt=300)
 
 
 @pytest.mark.parametrize("compiled", ["1", "0"])

@@ -114,6 +114,32 @@ class Route(Declaration):
         return self._bound(x)
 
 
+def sigmoid_group_topk(
+    logits: mx.array, bias: mx.array, *, top_k: int, n_group: int, topk_group: int,
+    normalize: bool, scale: float,
+) -> tuple[mx.array, mx.array]:
+    """DeepSeek-V3-style routing of float32 router logits [..., E]: scores = sigmoid(logits);
+    experts are chosen by scores + bias (the bias chooses but does not weigh), first among the
+    `topk_group` of `n_group` groups with the best two-expert sums, then the `top_k` best;
+    weights = the chosen scores (renormalized when `normalize`) times `scale`, float32.
+    Returns (weights, ids) [..., top_k]. Families whose checkpoints name the bias differently
+    (e_score_correction_bias, expert_bias) call this from their own router module."""
+    scores = mx.sigmoid(logits)
+    choosing = scores + bias.astype(mx.float32)
+    if topk_group < n_group:
+        grouped = reshape(choosing, *choosing.shape[:-1], n_group, -1)
+        best_two = mx.topk(grouped, 2, axis=-1).sum(axis=-1)  # a group's score
+        kept = mx.argpartition(-best_two, kth=topk_group - 1, axis=-1)[..., :topk_group]
+        keep = mx.put_along_axis(mx.zeros(best_two.shape, dtype=mx.bool_), kept,
+                                 mx.array(True), axis=-1)
+        choosing = reshape(mx.where(keep[..., None], grouped, -mx.inf), *choosing.shape)
+    ids = mx.argpartition(-choosing, kth=top_k - 1, axis=-1)[..., :top_k]
+    weights = mx.take_along_axis(scores, ids, axis=-1)
+    if normalize:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+    return weights * scale, ids
+
+
 class ProjectRoute(Declaration):
     """A projection with its residual, then the routing of the sum: (a [..., in], residual
     [..., out]) -> (h = residual + project(a), weights, ids) with (weights, ids) = route(h).

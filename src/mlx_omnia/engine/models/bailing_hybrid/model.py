@@ -40,7 +40,7 @@ import mlx.nn as nn
 from mlx_omnia.engine.core.activations import silu
 from mlx_omnia.engine.core.cache import KVCache
 from mlx_omnia.engine.core.layers import AttentionStep, Embedding, Linear, RmsNorm
-from mlx_omnia.engine.core.moe import DownCombine, GateUp
+from mlx_omnia.engine.core.moe import DownCombine, GateUp, sigmoid_group_topk
 from mlx_omnia.engine.core.mxcompat import reshape
 from mlx_omnia.engine.core.recurrent import ChannelGatedDeltaRule, ShortConv, State
 from mlx_omnia.engine.core.rope import build_rope
@@ -208,20 +208,11 @@ class BailingHybridRouter(nn.Module):
 
     def __call__(self, x: mx.array) -> tuple[mx.array, mx.array]:
         f32 = mx.float32
-        scores = mx.sigmoid(x.astype(f32) @ self.weight.astype(f32).T)
-        choosing = scores + self.expert_bias.astype(f32)
-        grouped = reshape(choosing, *choosing.shape[:-1], self.n_group, -1)
-        best_two = mx.topk(grouped, 2, axis=-1).sum(axis=-1)  # a group's score
-        kept = mx.argpartition(-best_two, kth=self.topk_group - 1, axis=-1)[..., : self.topk_group]
-        keep = mx.put_along_axis(
-            mx.zeros(best_two.shape, dtype=mx.bool_), kept, mx.array(True), axis=-1
+        return sigmoid_group_topk(
+            x.astype(f32) @ self.weight.astype(f32).T, self.expert_bias, top_k=self.top_k,
+            n_group=self.n_group, topk_group=self.topk_group, normalize=self.normalize,
+            scale=self.scale,
         )
-        choosing = reshape(mx.where(keep[..., None], grouped, -mx.inf), *choosing.shape)
-        ids = mx.argpartition(-choosing, kth=self.top_k - 1, axis=-1)[..., : self.top_k]
-        weights = mx.take_along_axis(scores, ids, axis=-1)
-        if self.normalize:
-            weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
-        return weights * self.scale, ids
 
 
 class BailingHybridExperts(nn.Module):

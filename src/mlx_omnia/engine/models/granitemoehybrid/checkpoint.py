@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlx_omnia.engine.core.mlx_layout import torch_convs
 from mlx_omnia.engine.errors import CheckpointError
 from mlx_omnia.engine.models.granitemoehybrid.config import GraniteMoeHybridConfig
 from mlx_omnia.engine.models.granitemoehybrid.model import GraniteMoeHybridForCausalLM
@@ -64,18 +65,12 @@ class GraniteMoeHybridCheckpoint:
     def sanitize(self, weights: dict[str, mx.array], config: Mapping[str, Any]) -> dict[str, mx.array]:
         """Drop derived tensors (rotary inv_freq) and, when tied, a saved copy of the embedding
         as lm_head; put mlx-community's layout back (module docstring)."""
+        cfg = GraniteMoeHybridConfig.from_dict(config)
         kept = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
-        if GraniteMoeHybridConfig.from_dict(config).tie_word_embeddings:
+        if cfg.tie_word_embeddings:
             kept = {k: v for k, v in kept.items() if not k.startswith("lm_head.")}
-        return _joined({k: _torch_conv(k, v) for k, v in kept.items()})
-
-
-def _torch_conv(name: str, tensor: mx.array) -> mx.array:
-    """A convolution weight as torch stores it, [channels, 1, kernel] (MLX's is
-    [channels, kernel, 1]); every other tensor as it is."""
-    if name.endswith(".conv1d.weight") and tensor.ndim == 3 and tensor.shape[1] != 1:
-        return tensor.swapaxes(1, 2)
-    return tensor
+        kept, _ = torch_convs(kept, lambda k: k.endswith(".conv1d.weight"), cfg.mamba_d_conv)
+        return _joined(kept)
 
 
 CHECKPOINT = GraniteMoeHybridCheckpoint()

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlx_omnia.engine.core.experts import ExpertKeys, stack_experts
+from mlx_omnia.engine.core.mlx_layout import torch_convs
 from mlx_omnia.engine.models.jamba.config import JambaConfig
 from mlx_omnia.engine.models.jamba.model import JambaForCausalLM
 
@@ -34,12 +35,7 @@ class JambaCheckpoint:
         """Stack the experts' tensors, take convolutions in MLX's layout back to torch's; when
         tied, drop a saved copy of the embedding as lm_head."""
         cfg = JambaConfig.from_dict(config)
-        channels_last = (cfg.mamba_d_conv, 1)  # MLX's; with a kernel of 1 the layouts agree
-        kept = {
-            k: v.swapaxes(1, 2)
-            if k.endswith("mamba.conv1d.weight") and tuple(v.shape[1:]) == channels_last else v
-            for k, v in weights.items()
-        }
+        kept, _ = torch_convs(weights, lambda k: k.endswith("mamba.conv1d.weight"), cfg.mamba_d_conv)
         if cfg.tie_word_embeddings:
             kept = {k: v for k, v in kept.items() if not k.startswith("lm_head.")}
         return stack_experts(kept, EXPERT_KEYS)

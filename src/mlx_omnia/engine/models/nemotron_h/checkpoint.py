@@ -17,6 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlx_omnia.engine.core.mlx_layout import torch_convs
 from mlx_omnia.engine.errors import CheckpointError
 from mlx_omnia.engine.models.nemotron_h.config import NemotronHConfig
 from mlx_omnia.engine.models.nemotron_h.model import NemotronHForCausalLM
@@ -52,13 +53,6 @@ def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
-def _conv_layout(name: str, tensor: mx.array) -> mx.array:
-    """A depthwise conv1d weight as torch stores it, [C, 1, K], from MLX's [C, K, 1]."""
-    if name.endswith(".conv1d.weight") and tensor.ndim == 3 and tensor.shape[1] != 1:
-        return tensor.swapaxes(1, 2)
-    return tensor
-
-
 class NemotronHCheckpoint:
     model_types = ("nemotron_h",)
 
@@ -70,9 +64,11 @@ class NemotronHCheckpoint:
 
     def sanitize(self, weights: dict[str, mx.array], config: Mapping[str, Any]) -> dict[str, mx.array]:
         kept = {
-            re.sub(r"^model\.", "backbone.", k): _conv_layout(k, v)
+            re.sub(r"^model\.", "backbone.", k): v
             for k, v in weights.items() if not k.startswith("mtp.")
         }
+        kernel = NemotronHConfig.from_dict(config).conv_kernel
+        kept, _ = torch_convs(kept, lambda k: k.endswith(".conv1d.weight"), kernel)
         return stack_experts(kept)
 
 
